@@ -59,7 +59,8 @@ def _build_tiny(
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=4096,
-        tie_word_embeddings=True,
+        # Untied: tied random embeddings make greedy decoding echo the last token forever.
+        tie_word_embeddings=False,
         bos_token_id=1,
         eos_token_id=2,
     )
@@ -70,10 +71,9 @@ def _build_tiny(
         model = Qwen2ForCausalLM(Qwen2Config(**common))
     else:
         raise ValueError(arch)
-    # Random init is near-uniform; sharpen the output so greedy decoding is decisive and
-    # rejection sampling sees distributions with real structure.
+    # Random init is near-uniform; sharpen the output so sampling sees distributions with structure.
     with torch.no_grad():
-        model.get_input_embeddings().weight.mul_(8.0)
+        model.get_output_embeddings().weight.mul_(16.0)
     model.save_pretrained(out)
     if tokenizer_dir is not None:
         AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
@@ -108,5 +108,18 @@ def tiny_target(tiny_model_factory: TinyFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_draft(tiny_model_factory: TinyFactory) -> Path:
-    return tiny_model_factory("llama", num_layers=1, hidden=32, seed=1)
+def tiny_draft(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path) -> Path:
+    """The target with its last layer removed: agrees with it often but not always, like a real
+    draft, so tests see both long accepted runs and rejections."""
+    return truncated_copy(tiny_target, tmp_path_factory.mktemp("tiny_draft"), keep_layers=1)
+
+
+def truncated_copy(src: Path, out: Path, keep_layers: int) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(src)
+    model.model.layers = model.model.layers[:keep_layers]
+    model.config.num_hidden_layers = keep_layers
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    return out

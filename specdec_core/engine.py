@@ -1,0 +1,412 @@
+"""The synchronous engine: one ``step()`` drafts, verifies and commits for every running request.
+
+A step, for the requests the scheduler picked:
+  1. the proposer drafts up to k tokens for each decoding request (one batched draft forward per
+     draft position) and mirrors prefill chunks into the draft model's cache;
+  2. one packed target forward scores every request's last token + drafts, and prefill chunks;
+  3. one vectorised verification decides, for all requests at once, how many drafts survive and
+     which token follows them;
+  4. commit: tokens are appended, stop conditions checked, caches rolled back by length.
+Everything here runs on the engine thread; ``AsyncEngine`` is the thread-safe facade.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import uuid
+from dataclasses import dataclass
+
+import torch
+
+from .config import EngineConfig
+from .detokenizer import IncrementalDetokenizer
+from .metrics import EngineMetrics
+from .model_runner import ForwardItem, ModelRunner
+from .outputs import RequestOutput, TokenLogprob
+from .proposer import DraftModelProposer, NgramProposer, PrefillChunk, Proposal, Proposer
+from .request import Request
+from .sampling import RowParams, warp
+from .sampling_params import SamplingParams
+from .scheduler import ScheduledStep, Scheduler
+from .verifier import verify
+
+log = logging.getLogger("specdec.engine")
+
+# A request whose prompt contains this marker fails while being committed. It exists so tests can
+# prove that one request's failure leaves the others running; unset, it costs nothing.
+FAULT_INJECTION_ENV = "SPECDEC_FAULT_INJECTION"
+
+
+@dataclass
+class Completion:
+    """Result of the offline ``Engine.generate`` helper."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    stats: object
+
+
+class Engine:
+    """Owns the models, caches, scheduler and proposer. Not thread-safe: drive it from one thread."""
+
+    def __init__(self, config: EngineConfig, progress: bool = True) -> None:
+        from .loader import load_model, resolve_device, resolve_dtype
+
+        self.config = config
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        method = config.speculative_method or (
+            "draft" if (config.draft_model or config.model is None) else "ngram"
+        )
+        if method == "draft" and config.draft_model is None and config.model is not None:
+            raise ValueError("speculative_method 'draft' needs a draft model (--draft-model)")
+        load = dict(device=device, dtype=dtype, quantize=config.quantize, cache_dir=config.cache_dir, progress=progress)
+        target = load_model(config.model, role="target", **load)
+        draft = load_model(config.draft_model, role="draft", **load) if method == "draft" else None
+        self._setup(config, target, draft, method)
+
+    @classmethod
+    def from_loaded(cls, config: EngineConfig, target, draft=None) -> "Engine":
+        """Build an engine around already loaded models (``LoadedModel``), e.g. to share them."""
+        engine = cls.__new__(cls)
+        method = config.speculative_method or ("draft" if draft is not None else "ngram")
+        if method == "draft" and draft is None:
+            raise ValueError("speculative_method 'draft' needs a draft model")
+        engine._setup(config, target, draft if method == "draft" else None, method)
+        return engine
+
+    def _setup(self, config: EngineConfig, target, draft, method: str) -> None:
+        from .tokenizer_compat import check_pair
+
+        self.config = config
+        self.tokenizer = target.tokenizer
+        self.model_name = target.name
+        self.method = method
+        vocab = check_pair(target, draft) if draft is not None else min(
+            len(target.tokenizer), target.model.get_output_embeddings().weight.shape[0]
+            if hasattr(target.model.get_output_embeddings(), "weight") else target.model.config.vocab_size
+        )
+        self.vocab_size = vocab
+        self.max_model_len = config.max_model_len
+        self.num_speculative_tokens = 0 if method == "none" else config.num_speculative_tokens
+        self.target = ModelRunner(target.model, config.max_num_seqs, config.max_model_len, vocab)
+        self.proposer: Proposer | None
+        if method == "draft":
+            self.draft_runner: ModelRunner | None = ModelRunner(draft.model, config.max_num_seqs, config.max_model_len, vocab)
+            self.proposer = DraftModelProposer(self.draft_runner)
+        else:
+            self.draft_runner = None
+            self.proposer = NgramProposer(config.ngram_min, config.ngram_max) if method == "ngram" else None
+        self.eos_ids = _eos_ids(target)
+        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
+        self.metrics = EngineMetrics()
+        self._seed_rng = torch.Generator().manual_seed(config.seed if config.seed is not None else int(time.time_ns() % 2**31))
+        self._fault_marker = os.environ.get(FAULT_INJECTION_ENV) or None
+        self._faulty: set[str] = set()
+        self.draft_cost = self._measure_draft_cost() if config.adaptive_speculation else 0.0
+
+    # ------------------------------------------------------------------ requests in and out
+
+    def make_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None) -> Request:
+        """Validate and tokenize; safe to call from any thread (it touches no engine state)."""
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
+            bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size}); got {bad[:5]}")
+        if not ids:
+            raise ValueError("prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}; "
+                "it must leave room for at least one generated token"
+            )
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        k = self.num_speculative_tokens
+        if params.num_speculative_tokens is not None:
+            k = min(k, params.num_speculative_tokens)
+        rid = request_id or uuid.uuid4().hex
+        req = Request(rid, ids, params, torch.Generator().manual_seed(seed),
+                      IncrementalDetokenizer(self.tokenizer, params.stop), k)
+        if self._fault_marker and self._fault_marker in self.tokenizer.decode(ids):
+            self._faulty.add(rid)
+        return req
+
+    def add_request(self, req: Request) -> None:
+        self.scheduler.add(req)
+        self.metrics.total_prompt_tokens += len(req.prompt_ids)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        req = self.scheduler.find(request_id)
+        if req is None:
+            return None
+        req.finish("abort")
+        return self._retire(req, [], "", None)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ------------------------------------------------------------------ the step
+
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule(self._num_drafts)
+        if sched.empty:
+            return []
+        t0 = time.perf_counter()
+        try:
+            outputs = self._run(sched)
+        except Exception as exc:  # noqa: BLE001 - isolate the request(s) that broke the batch
+            outputs = self._isolate_failure(sched, exc)
+        self.metrics.total_steps += 1
+        self.metrics.total_step_seconds += time.perf_counter() - t0
+        self._refresh_gauges()
+        return outputs
+
+    def _isolate_failure(self, sched: ScheduledStep, exc: Exception) -> list[RequestOutput]:
+        """A batched forward failed: nothing was committed, so retry each request on its own and
+        fail only those that still fail."""
+        reqs = sched.decode + [c.request for c in sched.prefill]
+        for r in reqs:
+            self._rollback_draft(r)
+        if len(reqs) == 1:
+            log.exception("request %s failed", reqs[0].request_id, exc_info=exc)
+            return [self._fail(reqs[0], exc)]
+        outputs = []
+        for i, r in enumerate(sched.decode):
+            outputs += self._run_alone(ScheduledStep([r], [sched.num_drafts[i]], []))
+        for c in sched.prefill:
+            outputs += self._run_alone(ScheduledStep([], [], [c]))
+        return outputs
+
+    def _run_alone(self, sched: ScheduledStep) -> list[RequestOutput]:
+        try:
+            return self._run(sched)
+        except Exception as exc:  # noqa: BLE001 - this request alone is at fault
+            req = (sched.decode or [c.request for c in sched.prefill])[0]
+            self._rollback_draft(req)
+            log.exception("request %s failed", req.request_id, exc_info=exc)
+            return [self._fail(req, exc)]
+
+    def _run(self, sched: ScheduledStep) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        proposal = self._propose(sched)
+        t1 = time.perf_counter()
+        drafts = proposal.tokens
+        items = [ForwardItem(r.slot, r.num_computed, [r.all_ids[-1]] + d, 1 + len(d))
+                 for r, d in zip(sched.decode, drafts)]
+        finishing: list[PrefillChunk] = []
+        for c in sched.prefill:
+            done = c.start + c.length == len(c.request.prompt_ids)
+            items.append(ForwardItem(c.request.slot, c.start, c.request.all_ids[c.start:c.start + c.length], int(done)))
+            if done:
+                finishing.append(c)
+        logits = self.target.forward(items)
+        self.metrics.total_draft_seconds += t1 - t0
+        self.metrics.total_target_seconds += time.perf_counter() - t1
+        for c in sched.prefill:
+            c.request.num_computed += c.length
+        verifying = sched.decode + [c.request for c in finishing]
+        all_drafts = drafts + [[] for _ in finishing]
+        if not verifying:
+            return []
+        result = self._verify(verifying, all_drafts, proposal, logits)
+        outputs = []
+        row = 0
+        for b, req in enumerate(verifying):
+            n_rows = len(all_drafts[b]) + 1
+            try:
+                out = self._commit(req, all_drafts[b], result.num_accepted[b], result.final_token[b],
+                                   logits[row:row + n_rows], is_decode=b < len(sched.decode))
+            except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
+                log.exception("request %s failed", req.request_id, exc_info=exc)
+                out = self._fail(req, exc)
+            row += n_rows
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    def _propose(self, sched: ScheduledStep) -> Proposal:
+        spec_prefill = [c for c in sched.prefill if c.request.max_spec_tokens > 0]
+        if self.proposer is None or not (any(sched.num_drafts) or (spec_prefill and self.draft_runner)):
+            return Proposal([[] for _ in sched.decode], None)
+        return self.proposer.propose(sched.decode, sched.num_drafts, spec_prefill)
+
+    def _verify(self, reqs: list[Request], drafts: list[list[int]], proposal: Proposal, logits: torch.Tensor):
+        dev = logits.device
+        k_max = max(len(d) for d in drafts)
+        rows = [RowParams(r.params, r.output_ids + d[:j] if r.params.has_penalties else None)
+                for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
+        probs = warp(logits, rows)
+        bsz, vocab = len(reqs), probs.shape[1]
+        p = probs.new_zeros(bsz, k_max + 1, vocab)
+        q = probs.new_zeros(bsz, k_max, vocab)
+        tok = torch.zeros(bsz, k_max, dtype=torch.long, device=dev)
+        u = torch.zeros(bsz, k_max + 1, device=dev)
+        row = 0
+        for b, (r, d) in enumerate(zip(reqs, drafts)):
+            n = len(d)
+            p[b, : n + 1] = probs[row:row + n + 1]
+            row += n + 1
+            if n:
+                tok[b, :n] = torch.tensor(d, device=dev)
+                if proposal.probs is not None and b < proposal.probs.shape[0]:
+                    q[b, :n] = proposal.probs[b, :n]
+                else:
+                    q[b, torch.arange(n), tok[b, :n]] = 1.0
+            # Exactly n + 1 draws from the request's own generator: reproducible whatever the batch.
+            u[b, : n + 1] = torch.rand(n + 1, generator=r.generator).to(dev)
+        num = torch.tensor([len(d) for d in drafts], device=dev)
+        u_final = u.gather(1, num[:, None]).squeeze(1)
+        return verify(p, q, tok, num, u[:, :k_max], u_final)
+
+    # ------------------------------------------------------------------ commit and stop
+
+    def _commit(self, req: Request, drafts: list[int], accepted: int, final: int,
+                logits: torch.Tensor, is_decode: bool) -> RequestOutput | None:
+        if req.request_id in self._faulty:
+            raise RuntimeError("fault injected for testing (SPECDEC_FAULT_INJECTION)")
+        new = drafts[:accepted] + [final]
+        if is_decode:
+            req.num_computed += 1 + accepted
+        kept, reason = self._apply_token_stops(req, new)
+        text_ids = kept[:-1] if reason == "stop" else kept
+        delta, n_stop = req.detokenizer.add(text_ids)
+        if n_stop is not None:
+            kept, reason = kept[:n_stop], "stop"
+        elif reason is not None:
+            delta += req.detokenizer.flush()
+        req.all_ids += kept
+        req.output_ids += kept
+        if self.proposer is not None:
+            self.proposer.commit(req)
+        st = req.stats
+        st.completion_tokens += len(kept)
+        st.verify_steps += 1
+        if st.first_token_time is None:
+            st.first_token_time = time.monotonic()
+        m = self.metrics
+        m.total_generation_tokens += len(kept)
+        if drafts:
+            counted = min(accepted, len(kept))
+            st.draft_tokens += len(drafts)
+            st.accepted_tokens += counted
+            st.record_accepted(counted)
+            m.total_draft_tokens += len(drafts)
+            m.total_accepted_tokens += counted
+            while len(m.accepted_histogram) <= counted:
+                m.accepted_histogram.append(0)
+            m.accepted_histogram[counted] += 1
+            req.acceptance_ema = 0.7 * req.acceptance_ema + 0.3 * (accepted / len(drafts))
+        logprobs = self._logprobs(req, logits[: len(kept)], kept) if req.params.logprobs is not None else None
+        if reason is not None:
+            req.finish(reason)
+            return self._retire(req, kept, delta, logprobs)
+        return RequestOutput(req.request_id, kept, delta, logprobs=logprobs)
+
+    def _apply_token_stops(self, req: Request, new: list[int]) -> tuple[list[int], str | None]:
+        """Cut ``new`` at the first token-level stop: EOS / stop ids, max_tokens, max_model_len."""
+        p = req.params
+        for i, t in enumerate(new):
+            if t in p.stop_token_ids or (not p.ignore_eos and t in self.eos_ids):
+                return new[: i + 1], "stop"
+            if len(req.output_ids) + i + 1 >= p.max_tokens or req.num_tokens + i + 1 >= self.max_model_len:
+                return new[: i + 1], "length"
+        return new, None
+
+    def _logprobs(self, req: Request, logits: torch.Tensor, tokens: list[int]) -> list[TokenLogprob]:
+        """The target's raw log-probabilities, from the verification pass (no extra forward)."""
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        n_top = req.params.logprobs or 0
+        chosen = lp.gather(1, torch.tensor(tokens, device=lp.device)[:, None]).squeeze(1).tolist()
+        top_v, top_i = lp.topk(n_top, dim=-1) if n_top else (lp[:, :0], lp[:, :0].long())
+        return [TokenLogprob(t, c, list(zip(ti, tv))) for t, c, ti, tv in
+                zip(tokens, chosen, top_i.tolist(), top_v.tolist())]
+
+    def _retire(self, req: Request, kept: list[int], delta: str, logprobs) -> RequestOutput:
+        self.scheduler.remove(req)
+        self._faulty.discard(req.request_id)
+        self.metrics.total_finished += 1
+        return RequestOutput(req.request_id, kept, delta, finished=True, finish_reason=req.finish_reason,
+                             logprobs=logprobs, error=req.error, stats=req.stats)
+
+    def _fail(self, req: Request, exc: Exception) -> RequestOutput:
+        self.metrics.total_failed += 1
+        req.finish("error", error=f"internal error while processing the request: {type(exc).__name__}")
+        return self._retire(req, [], "", None)
+
+    def _rollback_draft(self, req: Request) -> None:
+        limit = req.num_computed if req.in_prefill else req.num_tokens - 1
+        req.draft_computed = min(req.draft_computed, limit)
+
+    # ------------------------------------------------------------------ speculation depth
+
+    def _num_drafts(self, req: Request) -> int:
+        """k for this request this step: its cap, limited by room left, adapted to its acceptance.
+
+        Adding the j-th draft pays when the chance it is accepted (about alpha^j) beats its cost
+        relative to a target step. The choice depends only on the request's own history, so a
+        seeded request draws the same random numbers whatever else is batched with it.
+        """
+        k = min(req.max_spec_tokens, req.params.max_tokens - len(req.output_ids) - 1,
+                self.max_model_len - req.num_tokens)
+        if k <= 0 or not self.config.adaptive_speculation:
+            return max(k, 0)
+        alpha = min(max(req.acceptance_ema, 1e-3), 0.999)
+        threshold = self.draft_cost + 0.05
+        best = int(math.floor(math.log(threshold) / math.log(alpha))) if threshold < 1 else 0
+        if best <= 0:
+            # Keep probing with one draft now and then so a request can recover its speculation.
+            return 1 if req.stats.verify_steps % 8 == 0 else 0
+        return min(k, best)
+
+    def _measure_draft_cost(self) -> float:
+        """Cost of one draft token relative to one target step, measured once at start-up."""
+        if self.draft_runner is None:
+            return 0.0
+
+        def timed(runner: ModelRunner) -> float:
+            runner.forward([ForwardItem(0, 0, [0], 1)])
+            t0 = time.perf_counter()
+            for _ in range(3):
+                runner.forward([ForwardItem(0, 0, [0], 1)])
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize()
+            return time.perf_counter() - t0
+
+        ratio = timed(self.draft_runner) / max(timed(self.target), 1e-9)
+        log.info("draft/target step cost ratio %.3f", ratio)
+        return min(ratio, 1.0)
+
+    def _refresh_gauges(self) -> None:
+        m, s = self.metrics, self.scheduler
+        m.num_running, m.num_waiting, m.kv_cache_usage = len(s.running), len(s.waiting), s.kv_usage
+
+    # ------------------------------------------------------------------ offline helper
+
+    def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]) -> list[Completion]:
+        """Run prompts to completion (all submitted at once) and return them in order."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        reqs = [self.make_request(p, sp) for p, sp in zip(prompts, plist)]
+        for r in reqs:
+            self.add_request(r)
+        while self.has_unfinished():
+            self.step()
+        return [Completion(r.request_id, r.output_ids, r.detokenizer.emitted, r.finish_reason, r.stats) for r in reqs]
+
+
+def _eos_ids(target) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(target.model, "generation_config", None), target.model.config, target.tokenizer):
+        val = getattr(src, "eos_token_id", None)
+        if isinstance(val, int):
+            ids.add(val)
+        elif isinstance(val, (list, tuple)):
+            ids.update(int(v) for v in val)
+    return ids

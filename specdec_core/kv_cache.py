@@ -1,0 +1,99 @@
+"""Preallocated per-request KV regions ("slots") behind the transformers ``Cache`` interface.
+
+Each running request owns one slot: a ``max_model_len`` long region in every layer's key and value
+tensors. A forward pass writes each new token's keys/values at its request's own positions and
+reads back the regions of the requests in the batch, packed one after another. Rolling back
+rejected draft tokens is therefore only a matter of lowering the request's length: entries past it
+are masked out and later overwritten. No copy, no recompute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache
+
+
+@dataclass
+class PackedLayout:
+    """Where the tokens of one packed forward go, and which cached entries they attend to.
+
+    ``tok_*`` have one entry per new token, ``key_*`` one per key position read back (the whole
+    prefix of every request in the batch, including its new tokens).
+    """
+
+    tok_slot: torch.Tensor
+    tok_pos: torch.Tensor
+    key_slot: torch.Tensor
+    key_pos: torch.Tensor
+
+
+class SlotAllocator:
+    """Hands out cache slots; a finished request's slot is reusable at once."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    def allocate(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def free(self, slot: int) -> None:
+        if slot in self._free:
+            raise RuntimeError(f"slot {slot} freed twice")
+        self._free.append(slot)
+        # Keep low slots first so running requests tend to sit in contiguous regions.
+        self._free.sort(reverse=True)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_slots - len(self._free)
+
+
+class SlotKVCache(Cache):
+    """KV storage of one model: ``[num_slots, kv_heads, max_len, head_dim]`` per layer."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        super().__init__(layers=[])
+        shape = (num_slots, num_kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.max_len = max_len
+        self.layout: PackedLayout | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    def update(  # type: ignore[override]
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new tokens' K/V at their positions; return the batch's packed prefixes."""
+        lay = self.layout
+        if lay is None:
+            raise RuntimeError("SlotKVCache used outside ModelRunner.forward")
+        k_cache, v_cache = self.keys[layer_idx], self.values[layer_idx]
+        # key_states: [1, heads, tokens, dim] -> [tokens, heads, dim]
+        k_cache[lay.tok_slot, :, lay.tok_pos] = key_states[0].transpose(0, 1).to(k_cache.dtype)
+        v_cache[lay.tok_slot, :, lay.tok_pos] = value_states[0].transpose(0, 1).to(v_cache.dtype)
+        k = k_cache[lay.key_slot, :, lay.key_pos].transpose(0, 1).unsqueeze(0)
+        v = v_cache[lay.key_slot, :, lay.key_pos].transpose(0, 1).unsqueeze(0)
+        return k, v
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # type: ignore[override]
+        # Positions are always passed explicitly; this is only consulted when they are not.
+        return 0

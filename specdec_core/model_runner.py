@@ -1,0 +1,96 @@
+"""Runs one model over a ragged batch: many requests, each with its own cached prefix and its own
+number of new tokens, packed into a single sequence so no compute is spent on padding.
+
+Works for any ``AutoModelForCausalLM`` whose attention writes through ``past_key_values.update``
+and accepts a prepared 4-D mask (Llama, Qwen2, Mistral, Gemma, ... in transformers 5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .kv_cache import PackedLayout, SlotKVCache
+
+
+@dataclass
+class ForwardItem:
+    """One request's part of a batched forward.
+
+    ``start`` is how many of its tokens are already cached; ``tokens`` are fed at positions
+    ``start..start+len(tokens)-1``; logits are returned for the last ``num_logits`` of them.
+    """
+
+    slot: int
+    start: int
+    tokens: list[int]
+    num_logits: int
+
+
+class ModelRunner:
+    """Owns a model and its KV cache; turns ragged batches into one packed forward."""
+
+    def __init__(self, model: torch.nn.Module, num_slots: int, max_len: int, vocab_size: int) -> None:
+        self.model = model
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        param = next(model.parameters())
+        self.device = param.device
+        # Dynamic int8 keeps fp32 activations; the cache follows the activation dtype.
+        self.dtype = param.dtype if param.dtype.is_floating_point else torch.float32
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.cache = SlotKVCache(
+            cfg.num_hidden_layers, num_slots, kv_heads, head_dim, max_len, self.dtype, self.device
+        )
+        self.vocab_size = vocab_size
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        self.body = model.base_model
+        self.lm_head = model.get_output_embeddings()
+
+    @torch.inference_mode()
+    def forward(self, items: list[ForwardItem]) -> torch.Tensor:
+        """Return float32 logits ``[sum(num_logits), vocab_size]`` in item order."""
+        dev = self.device
+        tok_ids: list[int] = []
+        tok_slot: list[int] = []
+        tok_pos: list[int] = []
+        tok_seq: list[int] = []
+        key_slot: list[int] = []
+        key_pos: list[int] = []
+        key_seq: list[int] = []
+        logit_rows: list[int] = []
+        for i, it in enumerate(items):
+            n, end = len(it.tokens), it.start + len(it.tokens)
+            offset = len(tok_ids)
+            tok_ids += it.tokens
+            tok_slot += [it.slot] * n
+            tok_pos += range(it.start, end)
+            tok_seq += [i] * n
+            key_slot += [it.slot] * end
+            key_pos += range(end)
+            key_seq += [i] * end
+            logit_rows += range(offset + n - it.num_logits, offset + n)
+
+        def t(x: list[int]) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.long, device=dev)
+
+        tok_pos_t, key_pos_t = t(tok_pos), t(key_pos)
+        # A token sees the keys of its own request at positions <= its own.
+        mask = (t(tok_seq)[:, None] == t(key_seq)[None, :]) & (key_pos_t[None, :] <= tok_pos_t[:, None])
+        self.cache.layout = PackedLayout(t(tok_slot), tok_pos_t, t(key_slot), key_pos_t)
+        try:
+            out = self.body(
+                input_ids=t(tok_ids)[None],
+                position_ids=tok_pos_t[None],
+                attention_mask=mask[None, None],
+                past_key_values=self.cache,
+                use_cache=True,
+            )
+        finally:
+            self.cache.layout = None
+        hidden = out.last_hidden_state[0, t(logit_rows)]
+        logits = self.lm_head(hidden).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits[:, : self.vocab_size]

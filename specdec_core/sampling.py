@@ -1,0 +1,90 @@
+"""Logit warping and sampling shared by the draft and the target.
+
+Losslessness needs the draft's q and the target's p to be warped by exactly the same rule
+(penalties, temperature, top-k, top-p), so there is one function for both. Greedy requests get a
+one-hot distribution on the argmax: the rejection rule then reduces to "accept while equal to the
+argmax", so greedy and sampled requests share one vectorised verification.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling_params import SamplingParams
+
+
+@dataclass
+class RowParams:
+    """Warping parameters of one logits row, plus the output-token history penalties look at."""
+
+    params: SamplingParams
+    # Output tokens generated so far (committed + drafts before this row); only used by penalties.
+    history: list[int] | None = None
+
+
+def warp(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
+    """Turn raw logits ``[N, V]`` into the probability distributions the request samples from."""
+    logits = logits.float()
+    n, vocab = logits.shape
+    if any(r.params.has_penalties for r in rows):
+        logits = logits.clone()
+        for i, r in enumerate(rows):
+            p = r.params
+            if p.has_penalties and r.history:
+                counts = torch.bincount(
+                    torch.tensor(r.history, device=logits.device), minlength=vocab
+                )[:vocab].to(logits.dtype)
+                logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+    greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
+    temps = torch.tensor([r.params.temperature or 1.0 for r in rows], device=logits.device)
+    logits = logits / temps[:, None]
+    top_k = [r.params.top_k for r in rows]
+    top_p = [r.params.top_p for r in rows]
+    if any(0 < k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
+        logits = _top_k_top_p(logits, top_k, top_p)
+    probs = torch.softmax(logits, dim=-1)
+    if bool(greedy.any()):
+        one_hot = torch.zeros_like(probs)
+        one_hot.scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        probs = torch.where(greedy[:, None], one_hot, probs)
+    return probs
+
+
+def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Mask out tokens outside each row's top-k and nucleus (top-p) sets."""
+    vocab = logits.shape[1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device)[None, :]
+    k = torch.tensor([kk if 0 < kk < vocab else vocab for kk in top_k], device=logits.device)
+    drop = ranks >= k[:, None]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    p = torch.tensor(top_p, device=logits.device, dtype=logits.dtype)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # Keep the smallest prefix whose mass reaches p: drop a token if the mass before it already does.
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop |= mass_before >= p[:, None]
+    drop[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
+
+
+def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: one token per row from ``probs`` ``[N, V]`` using uniforms ``u`` ``[N]``.
+
+    Uniforms come from each request's own generator, so a seeded request draws the same numbers
+    whatever else shares its batch. float64 keeps the CDF exact enough for distribution tests.
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    target = (u.double() * cdf[:, -1]).unsqueeze(1)
+    # right=True: the first index whose CDF exceeds the target always has positive mass.
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return idx.clamp_(max=probs.shape[1] - 1)
+
+
+def uniforms(generators: list[torch.Generator], count: int, device: torch.device) -> torch.Tensor:
+    """``[len(generators), count]`` uniforms, row i drawn from generator i."""
+    if not generators:
+        return torch.empty(0, count, device=device)
+    return torch.stack([torch.rand(count, generator=g) for g in generators]).to(device)
