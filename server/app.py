@@ -1,0 +1,118 @@
+"""The Starlette application: routes, middleware, error handlers, and the engine's lifespan.
+
+The engine loads in a background thread *after* the HTTP server starts, so ``/health`` answers
+503 (and generation 503 with Retry-After) while weights load, instead of the port staying closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+
+from server.auth import APIKeyMiddleware
+from server.engine import EngineFactory, EngineLike, load_engine, run_blocking
+from server.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
+from server.request_log import RequestLogMiddleware
+from server.routes import routes
+from server.settings import ServerSettings
+from server.state import Phase, ServerState
+
+log = structlog.get_logger("specdec.server")
+
+ENGINE_SHUTDOWN_TIMEOUT_S = 30.0
+
+
+def build_app(
+    settings: ServerSettings,
+    *,
+    engine_factory: EngineFactory | None = None,
+    on_fatal: Callable[[int], None] | None = None,
+) -> Starlette:
+    """Build the app. ``engine_factory`` defaults to the real engine; ``on_fatal(exit_code)`` is
+    called when the engine cannot be built (the process runner then exits non-zero)."""
+    state = ServerState(settings)
+    factory = engine_factory or load_engine
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        loader = asyncio.create_task(_load_engine(state, factory, on_fatal), name="specdec-engine-load")
+        try:
+            yield
+        finally:
+            state.phase = Phase.STOPPED
+            loader.cancel()
+            await asyncio.gather(loader, return_exceptions=True)
+            if state.engine is not None:
+                await _shutdown_engine(state.engine)
+
+    middleware = [Middleware(RequestLogMiddleware, metrics=state.metrics)]
+    if settings.api_key:
+        middleware.append(Middleware(APIKeyMiddleware, api_key=settings.api_key))
+    app = Starlette(
+        routes=routes(),
+        middleware=middleware,
+        exception_handlers={
+            APIError: handle_api_error,
+            HTTPException: handle_http_exception,
+            Exception: handle_unexpected,
+        },
+        lifespan=lifespan,
+        max_body_size=settings.max_body_bytes,
+    )
+    app.state.server = state
+    return app
+
+
+async def _load_engine(state: ServerState, factory: EngineFactory, on_fatal: Callable[[int], None] | None) -> None:
+    cfg = state.settings.engine
+    log.info(
+        "loading engine",
+        model=cfg.model or "default pair",
+        draft_model=cfg.draft_model,
+        speculative_method=cfg.speculative_method or "auto",
+        device=cfg.device,
+    )
+    try:
+        engine = await run_blocking(lambda: factory(cfg), "specdec-engine-load", on_orphan=_shutdown_quietly)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        state.phase = Phase.FAILED
+        state.load_error = f"{type(exc).__name__}: {exc}"
+        log.exception("engine failed to load")
+        if on_fatal is not None:
+            on_fatal(1)
+        return
+    if state.phase is not Phase.LOADING:  # shutdown began while loading
+        await _shutdown_engine(engine)
+        return
+    state.engine = engine
+    state.phase = Phase.READY
+    log.info(
+        f"ready: serving {state.served_model_name} at {state.settings.url}/v1",
+        url=f"{state.settings.url}/v1",
+        model=state.served_model_name,
+        speculative_method=engine.speculative_method,
+        num_speculative_tokens=engine.num_speculative_tokens,
+        max_model_len=engine.max_model_len,
+    )
+
+
+def _shutdown_quietly(engine: EngineLike) -> None:
+    try:
+        engine.shutdown()
+    except Exception:  # noqa: BLE001 - the process is going away anyway
+        pass
+
+
+async def _shutdown_engine(engine: EngineLike) -> None:
+    try:
+        await asyncio.wait_for(run_blocking(engine.shutdown, "specdec-engine-shutdown"), ENGINE_SHUTDOWN_TIMEOUT_S)
+    except Exception:
+        log.exception("engine shutdown failed")

@@ -1,0 +1,74 @@
+"""Prompts to token ids, and the context-length check, before anything reaches the engine.
+
+The server tokenizes itself (rather than handing text to the engine) so it knows each prompt's
+length up front: a request that cannot fit in ``max_model_len`` is refused with OpenAI's
+"maximum context length" 400 instead of failing later inside the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server.errors import invalid_request
+
+
+def tokenize_prompt(tokenizer: Any, prompt: str | list[int], vocab_size: int, param: str = "prompt") -> list[int]:
+    """Token ids of a completions prompt (text gets the tokenizer's usual special tokens)."""
+    if isinstance(prompt, str):
+        ids = list(tokenizer(prompt)["input_ids"])
+    else:
+        ids = list(prompt)
+        for tid in ids:
+            if not 0 <= tid < vocab_size:
+                raise invalid_request(
+                    f"Token id {tid} in '{param}' is outside the vocabulary (valid ids: 0 <= id < {vocab_size}).",
+                    param,
+                    code="invalid_token_id",
+                )
+    if not ids:
+        raise invalid_request(f"'{param}' must not be empty.", param)
+    return ids
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of the chat template applied to ``messages``, ready for the assistant's reply.
+
+    The rendered text already contains the template's special tokens, so it is encoded without
+    adding more (a second BOS would change what the model sees).
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise invalid_request(
+            "This model has no chat template; use /v1/completions with a plain prompt.", "messages", code="no_chat_template"
+        )
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except Exception as exc:  # jinja2 TemplateError / raise_exception() inside the template
+        raise invalid_request(f"The model's chat template rejected these messages: {exc}", "messages") from None
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if not ids:
+        raise invalid_request("The rendered conversation is empty.", "messages")
+    return ids
+
+
+def resolve_max_tokens(
+    prompt_len: int, requested: int | None, max_model_len: int, *, prompt_param: str, tokens_param: str
+) -> int:
+    """The completion budget: ``requested``, or all the room left; 400 when it cannot fit."""
+    if prompt_len >= max_model_len:
+        raise invalid_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, your {prompt_param} "
+            f"has {prompt_len} tokens, which leaves no room for a completion. Please shorten the {prompt_param}.",
+            prompt_param,
+            code="context_length_exceeded",
+        )
+    if requested is None:
+        return max_model_len - prompt_len
+    if prompt_len + requested > max_model_len:
+        raise invalid_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_len + requested} tokens ({prompt_len} in the {prompt_param}, {requested} in the completion). "
+            f"Please reduce the length of the {prompt_param} or of '{tokens_param}'.",
+            tokens_param,
+            code="context_length_exceeded",
+        )
+    return requested

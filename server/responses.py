@@ -1,0 +1,168 @@
+"""OpenAI response bodies and stream chunks, plus the ``speculative`` summary and logprobs formats.
+
+Shapes follow OpenAI exactly (``text_completion``, ``chat.completion``, ``chat.completion.chunk``)
+with one addition: a ``speculative`` object on every completion and on the final streamed chunk,
+saying how much speculation helped this request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from specdec_core.outputs import RequestStats, TokenLogprob
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def speculative_summary(method: str, stats: Iterable[RequestStats | None]) -> dict[str, Any]:
+    """Speculation counters summed over a request's choices.
+
+    ``acceptance_rate`` = accepted / proposed draft tokens; ``mean_accepted_length`` = tokens
+    emitted per target verify step (1.0 means speculation bought nothing).
+    """
+    draft = accepted = steps = completion = 0
+    for s in stats:
+        if s is None:
+            continue
+        draft += s.draft_tokens
+        accepted += s.accepted_tokens
+        steps += s.verify_steps
+        completion += s.completion_tokens
+    return {
+        "method": method,
+        "draft_tokens": draft,
+        "accepted_tokens": accepted,
+        "steps": steps,
+        "acceptance_rate": accepted / draft if draft else 0.0,
+        "mean_accepted_length": completion / steps if steps else 0.0,
+    }
+
+
+class TokenText:
+    """Token id -> its text, memoised (logprobs name every emitted token and its alternatives)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            text = self._tokenizer.decode([token_id])
+            self._cache[token_id] = text
+        return text
+
+
+class CompletionLogprobs:
+    """The legacy completions ``logprobs`` object, built incrementally (streams send pieces).
+
+    ``text_offset`` counts characters from the start of the returned text, so it continues
+    across chunks.
+    """
+
+    def __init__(self, token_text: TokenText, start_offset: int = 0) -> None:
+        self._text = token_text
+        self._offset = start_offset
+
+    def piece(self, logprobs: Sequence[TokenLogprob]) -> dict[str, list]:
+        tokens: list[str] = []
+        token_logprobs: list[float] = []
+        top_logprobs: list[dict[str, float]] = []
+        offsets: list[int] = []
+        for lp in logprobs:
+            token = self._text(lp.token_id)
+            tokens.append(token)
+            token_logprobs.append(lp.logprob)
+            # OpenAI: the top alternatives, plus the sampled token itself.
+            top = {self._text(tid): value for tid, value in lp.top}
+            top.setdefault(token, lp.logprob)
+            top_logprobs.append(top)
+            offsets.append(self._offset)
+            self._offset += len(token)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
+
+
+def chat_logprobs(token_text: TokenText, logprobs: Sequence[TokenLogprob]) -> dict[str, list]:
+    """The chat ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+
+    def entry(token_id: int, value: float) -> dict[str, Any]:
+        token = token_text(token_id)
+        return {"token": token, "logprob": value, "bytes": list(token.encode("utf-8"))}
+
+    content = []
+    for lp in logprobs:
+        item = entry(lp.token_id, lp.logprob)
+        item["top_logprobs"] = [entry(tid, value) for tid, value in lp.top]
+        content.append(item)
+    return {"content": content}
+
+
+# -- /v1/completions ----------------------------------------------------------------------------
+
+
+def completion_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def completion_body(
+    completion_id: str, created: int, model: str, choices: list[dict], usage_: dict | None, speculative: dict | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+    body["usage"] = usage_
+    if speculative is not None:
+        body["speculative"] = speculative
+    return body
+
+
+# -- /v1/chat/completions -----------------------------------------------------------------------
+
+
+def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None) -> dict[str, Any]:
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+    }
+
+
+def chat_chunk_choice(
+    index: int, delta: dict[str, str], finish_reason: str | None = None, logprobs: dict | None = None
+) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def chat_body(
+    completion_id: str,
+    created: int,
+    model: str,
+    choices: list[dict],
+    usage_: dict | None,
+    speculative: dict | None,
+    *,
+    chunk: bool,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": completion_id,
+        "object": "chat.completion.chunk" if chunk else "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+    body["usage"] = usage_
+    if speculative is not None:
+        body["speculative"] = speculative
+    return body

@@ -1,0 +1,22 @@
+"""The HTTP routes, one module per endpoint family."""
+
+from __future__ import annotations
+
+from starlette.routing import Route
+
+from server.routes.chat import create_chat_completion
+from server.routes.completions import create_completion
+from server.routes.health import health
+from server.routes.metrics import metrics
+from server.routes.models import list_models, retrieve_model
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/v1/completions", create_completion, methods=["POST"]),
+        Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]

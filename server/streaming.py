@@ -1,0 +1,52 @@
+"""Server-sent events: OpenAI's ``data: {json}`` framing, ending with ``data: [DONE]``.
+
+A stream that fails after it started cannot change its status any more, so a failure becomes an
+``data: {"error": {...}}`` event followed by ``[DONE]`` (the openai SDK raises on it). A client
+that disconnects makes sse-starlette cancel the body iterator; the ``finally`` below then ends the
+generation, which aborts its engine requests and frees their cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from server.errors import internal_error
+from server.generation import Generation
+from server.jsonio import dumps_str
+
+log = structlog.get_logger("specdec.server")
+
+DONE = "[DONE]"
+# Comment lines keep idle connections alive through proxies while a long prompt is prefilled.
+PING_INTERVAL_S = 15
+
+
+async def generation_events(generation: Generation, body: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict | str]:
+    """Wrap an endpoint's chunk iterator: error event on failure, always ``[DONE]``, always close."""
+    try:
+        try:
+            async for chunk in body:
+                yield chunk
+        except Exception:
+            log.exception("stream failed", request_id=generation.request_id)
+            yield internal_error(generation.request_id).body()
+        yield DONE
+    except asyncio.CancelledError:
+        generation.disconnected = True
+        raise
+    finally:
+        generation.close()
+
+
+async def _frames(events: AsyncIterator[dict | str]) -> AsyncIterator[ServerSentEvent]:
+    async for item in events:
+        yield ServerSentEvent(data=item if isinstance(item, str) else dumps_str(item))
+
+
+def sse_response(events: AsyncIterator[dict | str]) -> EventSourceResponse:
+    return EventSourceResponse(_frames(events), sep="\n", ping=PING_INTERVAL_S)
