@@ -358,24 +358,32 @@ def summarize(mode: str, kind: str, concurrency: int, results: list[RequestResul
 # load generation against one server
 
 
+class _LineProgress:
+    """Progress as plain log lines (for logs and pipes, where a redrawn bar is noise)."""
+
+    def __init__(self, total: int, desc: str) -> None:
+        self.total, self.desc, self.n = total, desc, 0
+        self.start = time.perf_counter()
+        self.step = max(1, total // 4)
+
+    def update(self, k: int = 1) -> None:
+        self.n += k
+        if self.n == self.total or self.n % self.step == 0:
+            log(f"{self.desc.strip()}: {self.n}/{self.total} requests, {time.perf_counter() - self.start:.1f}s")
+
+    def close(self) -> None:
+        pass
+
+
 def _progress(total: int, desc: str):
-    try:
-        from tqdm import tqdm
+    if sys.stderr.isatty():
+        try:
+            from tqdm import tqdm
 
-        return tqdm(total=total, desc=desc, file=sys.stderr, leave=True, mininterval=1.0, dynamic_ncols=True)
-    except ImportError:  # pragma: no cover - tqdm is a dependency of specdec
-        class _Lines:
-            def __init__(self) -> None:
-                self.n = 0
-
-            def update(self, k: int = 1) -> None:
-                self.n += k
-                log(f"{desc}: {self.n}/{total}")
-
-            def close(self) -> None:
-                pass
-
-        return _Lines()
+            return tqdm(total=total, desc=desc, file=sys.stderr, leave=True, mininterval=0.5, dynamic_ncols=True)
+        except ImportError:  # pragma: no cover - tqdm is a dependency of specdec
+            pass
+    return _LineProgress(total, desc)
 
 
 async def run_level(
@@ -446,6 +454,8 @@ async def bench_server(
                 )
                 row = summarize(mode, kind, c, results, duration)
                 rows.append(row)
+                log(f"{mode} {kind} c={c}: {row.output_tok_s:.2f} tok/s, TTFT p50 {_fmt(row.ttft_p50_ms)} ms, "
+                    f"TPOT p50 {_fmt(row.tpot_p50_ms)} ms, acceptance {_fmt(row.acceptance_rate, '.2f')}")
                 for r in results:
                     d = asdict(r)
                     d.update(mode=mode, concurrency=c)
@@ -555,8 +565,11 @@ def _load_pair(args, need_draft: bool):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         from specdec_core.loader import load_model  # type: ignore
-    except ImportError:
+
+        log("baselines load their models through specdec_core.loader.load_model (converted-weights cache)")
+    except ImportError as exc:
         load_model = None
+        log(f"specdec_core.loader is not importable ({exc}); loading baselines with transformers directly")
 
     def load(source: str | None, role: str):
         if load_model is not None:
@@ -627,11 +640,29 @@ def run_baselines(args, workloads: dict[str, list[Workload]]) -> tuple[list[Row]
         def end(self) -> None:
             pass
 
-    eos = target.generation_config.eos_token_id
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
+    # Stop on every EOS id the model declares anywhere, as the server does.
+    eos_ids: set[int] = set()
+    for src in (getattr(target, "generation_config", None), target.config, tok):
+        val = getattr(src, "eos_token_id", None)
+        eos_ids.update([val] if isinstance(val, int) else list(val or []))
+    eos = sorted(eos_ids) or None
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
     rows: list[Row] = []
     details: list[dict] = []
+    def extra_for(name: str) -> dict[str, Any]:
+        if name == "hf_assisted":
+            return {"assistant_model": draft}
+        if name == "hf_prompt_lookup":
+            return {"prompt_lookup_num_tokens": k}
+        return {}
+
     for name in wanted:
+        # Untimed warm-up, as for the servers: first-call costs stay out of the numbers.
+        warm = {kk: v.to(device) for kk, v in tok("Hello, my name is", return_tensors="pt").items()}
+        with torch.inference_mode():
+            target.generate(**warm, generation_config=GenerationConfig(
+                max_new_tokens=4, do_sample=False, eos_token_id=eos, pad_token_id=pad,
+                temperature=None, top_p=None, top_k=None), **extra_for(name))
         for kind, wls in workloads.items():
             results: list[RequestResult] = []
             bar = _progress(len(wls), f"{name:>16} {kind:<9} c=1")
@@ -648,11 +679,7 @@ def run_baselines(args, workloads: dict[str, list[Workload]]) -> tuple[list[Row]
                     do_sample=args.temperature > 0, temperature=args.temperature if args.temperature > 0 else None,
                     top_p=None, top_k=None,
                 )
-                extra: dict[str, Any] = {}
-                if name == "hf_assisted":
-                    extra["assistant_model"] = draft
-                elif name == "hf_prompt_lookup":
-                    extra["prompt_lookup_num_tokens"] = k
+                extra = extra_for(name)
                 if args.temperature > 0:
                     torch.manual_seed(args.seed + wl.index)
                 start = time.perf_counter()
@@ -679,6 +706,8 @@ def run_baselines(args, workloads: dict[str, list[Workload]]) -> tuple[list[Row]
             bar.close()
             row = summarize(name, kind, 1, results, duration)
             rows.append(row)
+            log(f"{name} {kind} c=1: {row.output_tok_s:.2f} tok/s, TTFT p50 {_fmt(row.ttft_p50_ms)} ms, "
+                f"TPOT p50 {_fmt(row.tpot_p50_ms)} ms")
             if row.failed:
                 notes.append(f"{name} {kind}: {row.failed} failures: {row.errors}")
             for r in results:
@@ -758,23 +787,21 @@ def write_chart(rows: list[Row], path: Path, title: str) -> None:
     fig, axes = plt.subplots(len(kinds), 2, figsize=(13, 3.8 * len(kinds)), squeeze=False)
     for i, kind in enumerate(kinds):
         ax_t, ax_l = axes[i]
-        series = modes + bases
-        width = 0.8 / max(len(series), 1)
-        for j, m in enumerate(series):
-            xs, tput, tpot = [], [], []
-            for ci, c in enumerate(concs):
-                r = next((r for r in rows if r.mode == m and r.kind == kind and r.concurrency == c), None)
-                if r is None:
-                    continue
-                xs.append(ci + (j - (len(series) - 1) / 2) * width)
-                tput.append(r.output_tok_s)
-                tpot.append(r.tpot_p50_ms or 0.0)
+        labelled: set[str] = set()
+        for ci, c in enumerate(concs):
+            # Bars of the series measured at this concurrency, centred on its tick.
+            present = [(m, r) for m in modes + bases
+                       for r in rows if r.mode == m and r.kind == kind and r.concurrency == c]
+            width = 0.8 / max(len(present), 1)
+            for j, (m, r) in enumerate(present):
+                x = ci + (j - (len(present) - 1) / 2) * width
+                style = dict(color=colors.get(m), hatch="//" if m in BASELINES else None,
+                             label=None if m in labelled else m)
+                labelled.add(m)
+                ax_t.bar([x], [r.output_tok_s], width, **style)
+                ax_l.bar([x], [r.tpot_p50_ms or 0.0], width, **style)
                 if r.ratio_to_off is not None and m != "off":
-                    ax_t.annotate(f"{r.ratio_to_off:.2f}x", (xs[-1], r.output_tok_s), ha="center",
-                                  va="bottom", fontsize=7)
-            hatch = "//" if m in BASELINES else None
-            ax_t.bar(xs, tput, width, label=m, color=colors.get(m), hatch=hatch)
-            ax_l.bar(xs, tpot, width, label=m, color=colors.get(m), hatch=hatch)
+                    ax_t.annotate(f"{r.ratio_to_off:.2f}x", (x, r.output_tok_s), ha="center", va="bottom", fontsize=7)
         for ax, ylabel in ((ax_t, "output tokens/s"), (ax_l, "TPOT p50 (ms/token)")):
             ax.set_xticks(range(len(concs)))
             ax.set_xticklabels([f"c={c}" for c in concs])
@@ -900,7 +927,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {json_path}")
     if rows and not args.no_chart:
         png_path = json_path.with_suffix(".png")
-        model_name = args.model or "default pair"
+        served = {v.get("model") for v in servers.values() if v.get("model")}
+        model_name = ", ".join(sorted(served)) or (Path(args.model).name if args.model else "default pair")
         write_chart(rows, png_path, f"specdec bench {stamp}: {model_name}, max_tokens {args.max_tokens}, "
                                     f"{'greedy' if greedy else f'T={args.temperature}'}")
         print(f"wrote {png_path}")
