@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
 from server.auth import APIKeyMiddleware
-from server.engine import EngineFactory, EngineLike, load_engine, run_blocking
+from server.engine import EngineFactory, EngineHost, load_engine
 from server.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
 from server.request_log import RequestLogMiddleware
 from server.routes import routes
@@ -37,19 +37,19 @@ def build_app(
     """Build the app. ``engine_factory`` defaults to the real engine; ``on_fatal(exit_code)`` is
     called when the engine cannot be built (the process runner then exits non-zero)."""
     state = ServerState(settings)
-    factory = engine_factory or load_engine
+    host = EngineHost(engine_factory or load_engine, settings.engine)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        loader = asyncio.create_task(_load_engine(state, factory, on_fatal), name="specdec-engine-load")
+        loader = asyncio.create_task(_load_engine(state, host, on_fatal), name="specdec-engine-load")
         try:
             yield
         finally:
             state.phase = Phase.STOPPED
             loader.cancel()
             await asyncio.gather(loader, return_exceptions=True)
-            if state.engine is not None:
-                await _shutdown_engine(state.engine)
+            if not await host.stop(ENGINE_SHUTDOWN_TIMEOUT_S):
+                log.warning("engine did not shut down in time", timeout_s=ENGINE_SHUTDOWN_TIMEOUT_S)
 
     middleware = [Middleware(RequestLogMiddleware, metrics=state.metrics)]
     if settings.api_key:
@@ -69,7 +69,7 @@ def build_app(
     return app
 
 
-async def _load_engine(state: ServerState, factory: EngineFactory, on_fatal: Callable[[int], None] | None) -> None:
+async def _load_engine(state: ServerState, host: EngineHost, on_fatal: Callable[[int], None] | None) -> None:
     cfg = state.settings.engine
     log.info(
         "loading engine",
@@ -79,7 +79,7 @@ async def _load_engine(state: ServerState, factory: EngineFactory, on_fatal: Cal
         device=cfg.device,
     )
     try:
-        engine = await run_blocking(lambda: factory(cfg), "specdec-engine-load", on_orphan=_shutdown_quietly)
+        engine = await host.start()
     except asyncio.CancelledError:
         raise
     except Exception as exc:
@@ -89,8 +89,7 @@ async def _load_engine(state: ServerState, factory: EngineFactory, on_fatal: Cal
         if on_fatal is not None:
             on_fatal(1)
         return
-    if state.phase is not Phase.LOADING:  # shutdown began while loading
-        await _shutdown_engine(engine)
+    if state.phase is not Phase.LOADING:  # shutdown began while loading; lifespan exit stops it
         return
     state.engine = engine
     state.phase = Phase.READY
@@ -102,17 +101,3 @@ async def _load_engine(state: ServerState, factory: EngineFactory, on_fatal: Cal
         num_speculative_tokens=engine.num_speculative_tokens,
         max_model_len=engine.max_model_len,
     )
-
-
-def _shutdown_quietly(engine: EngineLike) -> None:
-    try:
-        engine.shutdown()
-    except Exception:  # noqa: BLE001 - the process is going away anyway
-        pass
-
-
-async def _shutdown_engine(engine: EngineLike) -> None:
-    try:
-        await asyncio.wait_for(run_blocking(engine.shutdown, "specdec-engine-shutdown"), ENGINE_SHUTDOWN_TIMEOUT_S)
-    except Exception:
-        log.exception("engine shutdown failed")
