@@ -206,6 +206,9 @@ class Generation:
             return
         self._closed = True
         self._abort_streams()
+        for choice in self.choices.values():
+            if not choice.finished:  # aborted here; its final delta will not be observed any more
+                self.state.metrics.finished.labels(finish_reason="abort").inc()
         for task in self._pumps:
             task.cancel()
         self.state.in_flight.discard(self)

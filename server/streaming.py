@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import structlog
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import EventSourceResponse
 
 from server.errors import internal_error
 from server.generation import Generation
@@ -43,9 +43,10 @@ async def generation_events(generation: Generation, body: AsyncIterator[dict[str
         generation.close()
 
 
-async def _frames(events: AsyncIterator[dict | str]) -> AsyncIterator[ServerSentEvent]:
+async def _frames(events: AsyncIterator[dict | str]) -> AsyncIterator[str]:
+    # Plain strings: sse-starlette frames them as `data: ...` with the response's separator.
     async for item in events:
-        yield ServerSentEvent(data=item if isinstance(item, str) else dumps_str(item))
+        yield item if isinstance(item, str) else dumps_str(item)
 
 
 def sse_response(events: AsyncIterator[dict | str]) -> EventSourceResponse:
