@@ -1,0 +1,76 @@
+"""Process lifecycle of ``specdec serve``: JSON request logs, and SIGTERM that drains in-flight
+streams before exiting 0. (Every other test server is also SIGTERMed idle and must exit 0.)"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from server_helpers import ServerProcess, parse_sse, tiny_args
+
+
+@pytest.fixture
+def own_server(tiny_target: Path, tiny_draft: Path, tmp_path: Path):
+    srv = ServerProcess(tiny_args(tiny_target, tiny_draft), tmp_path / "server.log")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.kill()
+
+
+def json_records(logs: str) -> list[dict]:
+    # stderr is a pipe here, so our log lines are JSON; other lines (progress bars) are skipped.
+    return [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+
+
+def test_sigterm_drains_inflight_stream_then_exits_zero(own_server: ServerProcess) -> None:
+    url = own_server.url
+    # One ordinary request first, to check its log line after exit.
+    r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 3, "temperature": 0})
+    request_id = r.headers["x-request-id"]
+    assert r.json()["id"] == f"cmpl-{request_id}"
+
+    max_tokens = 300
+    body = {
+        "model": "tiny", "prompt": "A long story:", "max_tokens": max_tokens, "temperature": 0,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        raw = []
+        for line in lines:
+            raw.append(line)
+            if line.startswith("data: "):
+                break  # the stream is under way
+        own_server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        # Draining: no new work, health says so, but the open stream continues.
+        refused = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "new", "max_tokens": 2})
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "shutting_down"
+        assert httpx.get(url + "/health").status_code == 503
+        raw.extend(lines)
+    events = parse_sse("\n".join(raw) + "\n")
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert not any("error" in c for c in chunks)
+    assert chunks[-1]["usage"]["completion_tokens"] == max_tokens
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert finishes == ["length"]
+    assert own_server.proc.wait(timeout=30) == 0
+
+    records = json_records(own_server.logs())
+    assert any(rec["event"].startswith("ready") and rec.get("url") == url + "/v1" for rec in records)
+    assert any(rec["event"].startswith("drained") for rec in records)
+    mine = [rec for rec in records if rec["event"] == "request" and rec.get("request_id") == request_id]
+    assert len(mine) == 1, "exactly one log line per request"
+    line = mine[0]
+    assert line["status"] == 200 and line["prompt_tokens"] >= 1 and line["completion_tokens"] >= 1
+    for key in ("ttft_s", "total_s", "acceptance_rate", "speculative_method", "outcome", "level", "timestamp"):
+        assert key in line
