@@ -26,7 +26,7 @@ from .detokenizer import IncrementalDetokenizer
 from .metrics import EngineMetrics
 from .model_runner import ForwardItem, ModelRunner
 from .outputs import RequestOutput, TokenLogprob
-from .proposer import DraftModelProposer, NgramProposer, PrefillChunk, Proposal, Proposer
+from .proposer import DraftModelProposer, NgramProposer, Proposal, Proposer
 from .request import Request
 from .sampling import RowParams, warp
 from .sampling_params import SamplingParams
@@ -81,16 +81,14 @@ class Engine:
         return engine
 
     def _setup(self, config: EngineConfig, target, draft, method: str) -> None:
-        from .tokenizer_compat import check_pair
+        from .tokenizer_compat import check_pair, output_vocab_size
 
         self.config = config
         self.tokenizer = target.tokenizer
         self.model_name = target.name
         self.method = method
         vocab = check_pair(target, draft) if draft is not None else min(
-            len(target.tokenizer), target.model.get_output_embeddings().weight.shape[0]
-            if hasattr(target.model.get_output_embeddings(), "weight") else target.model.config.vocab_size
-        )
+            len(target.tokenizer), output_vocab_size(target.model))
         self.vocab_size = vocab
         self.max_model_len = config.max_model_len
         self.num_speculative_tokens = 0 if method == "none" else config.num_speculative_tokens
@@ -172,73 +170,72 @@ class Engine:
     def _isolate_failure(self, sched: ScheduledStep, exc: Exception) -> list[RequestOutput]:
         """A batched forward failed: nothing was committed, so retry each request on its own and
         fail only those that still fail."""
-        reqs = sched.decode + [c.request for c in sched.prefill]
-        for r in reqs:
-            self._rollback_draft(r)
-        if len(reqs) == 1:
-            log.exception("request %s failed", reqs[0].request_id, exc_info=exc)
-            return [self._fail(reqs[0], exc)]
+        for it in sched.items:
+            self._rollback_draft(it.request)
+        if len(sched.items) == 1:
+            log.error("request %s failed", sched.items[0].request.request_id, exc_info=exc)
+            return [self._fail(sched.items[0].request, exc)]
         outputs = []
-        for i, r in enumerate(sched.decode):
-            outputs += self._run_alone(ScheduledStep([r], [sched.num_drafts[i]], []))
-        for c in sched.prefill:
-            outputs += self._run_alone(ScheduledStep([], [], [c]))
+        for it in sched.items:
+            try:
+                outputs += self._run(ScheduledStep([it]))
+            except Exception as solo_exc:  # noqa: BLE001 - this request alone is at fault
+                self._rollback_draft(it.request)
+                log.error("request %s failed", it.request.request_id, exc_info=solo_exc)
+                outputs.append(self._fail(it.request, solo_exc))
         return outputs
-
-    def _run_alone(self, sched: ScheduledStep) -> list[RequestOutput]:
-        try:
-            return self._run(sched)
-        except Exception as exc:  # noqa: BLE001 - this request alone is at fault
-            req = (sched.decode or [c.request for c in sched.prefill])[0]
-            self._rollback_draft(req)
-            log.exception("request %s failed", req.request_id, exc_info=exc)
-            return [self._fail(req, exc)]
 
     def _run(self, sched: ScheduledStep) -> list[RequestOutput]:
         t0 = time.perf_counter()
         proposal = self._propose(sched)
         t1 = time.perf_counter()
-        drafts = proposal.tokens
-        items = [ForwardItem(r.slot, r.num_computed, [r.all_ids[-1]] + d, 1 + len(d))
-                 for r, d in zip(sched.decode, drafts)]
-        finishing: list[PrefillChunk] = []
-        for c in sched.prefill:
-            done = c.start + c.length == len(c.request.prompt_ids)
-            items.append(ForwardItem(c.request.slot, c.start, c.request.all_ids[c.start:c.start + c.length], int(done)))
+        fwd, verifying, drafts, rows = [], [], [], []
+        for i, (it, d) in enumerate(zip(sched.items, proposal.tokens)):
+            r = it.request
+            done = it.completes
+            fwd.append(ForwardItem(r.slot, r.num_computed, r.all_ids[r.num_computed:r.num_computed + it.num_new] + d,
+                                   1 + len(d) if done else 0))
             if done:
-                finishing.append(c)
-        logits = self.target.forward(items)
+                verifying.append(it)
+                drafts.append(d)
+                rows.append(i)
+        logits = self.target.forward(fwd)
         self.metrics.total_draft_seconds += t1 - t0
         self.metrics.total_target_seconds += time.perf_counter() - t1
-        for c in sched.prefill:
-            c.request.num_computed += c.length
-        verifying = sched.decode + [c.request for c in finishing]
-        all_drafts = drafts + [[] for _ in finishing]
+        for it in sched.items:
+            it.request.num_computed += it.num_new
         if not verifying:
             return []
-        result = self._verify(verifying, all_drafts, proposal, logits)
+        q = proposal.probs
+        if q is not None and len(rows) < len(sched.items):
+            q = q[rows]
+        result = self._verify([it.request for it in verifying], drafts, q, logits)
         outputs = []
         row = 0
-        for b, req in enumerate(verifying):
-            n_rows = len(all_drafts[b]) + 1
+        for b, it in enumerate(verifying):
+            n_rows = len(drafts[b]) + 1
             try:
-                out = self._commit(req, all_drafts[b], result.num_accepted[b], result.final_token[b],
-                                   logits[row:row + n_rows], is_decode=b < len(sched.decode))
+                out = self._commit(it.request, drafts[b], result.num_accepted[b], result.final_token[b],
+                                   logits[row:row + n_rows])
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
-                log.exception("request %s failed", req.request_id, exc_info=exc)
-                out = self._fail(req, exc)
+                log.error("request %s failed", it.request.request_id, exc_info=exc)
+                out = self._fail(it.request, exc)
             row += n_rows
             if out is not None:
                 outputs.append(out)
         return outputs
 
     def _propose(self, sched: ScheduledStep) -> Proposal:
-        spec_prefill = [c for c in sched.prefill if c.request.max_spec_tokens > 0]
-        if self.proposer is None or not (any(sched.num_drafts) or (spec_prefill and self.draft_runner)):
-            return Proposal([[] for _ in sched.decode], None)
-        return self.proposer.propose(sched.decode, sched.num_drafts, spec_prefill)
+        wants = any(it.num_drafts for it in sched.items) or (
+            self.draft_runner is not None
+            and any(it.request.in_prefill and it.request.max_spec_tokens for it in sched.items)
+        )
+        if self.proposer is None or not wants:
+            return Proposal([[] for _ in sched.items], None)
+        return self.proposer.propose(sched.items)
 
-    def _verify(self, reqs: list[Request], drafts: list[list[int]], proposal: Proposal, logits: torch.Tensor):
+    def _verify(self, reqs: list[Request], drafts: list[list[int]], draft_probs: torch.Tensor | None,
+                logits: torch.Tensor):
         dev = logits.device
         k_max = max(len(d) for d in drafts)
         rows = [RowParams(r.params, r.output_ids + d[:j] if r.params.has_penalties else None)
@@ -256,8 +253,8 @@ class Engine:
             row += n + 1
             if n:
                 tok[b, :n] = torch.tensor(d, device=dev)
-                if proposal.probs is not None and b < proposal.probs.shape[0]:
-                    q[b, :n] = proposal.probs[b, :n]
+                if draft_probs is not None:
+                    q[b, :n] = draft_probs[b, :n]
                 else:
                     q[b, torch.arange(n), tok[b, :n]] = 1.0
             # Exactly n + 1 draws from the request's own generator: reproducible whatever the batch.
@@ -269,12 +266,11 @@ class Engine:
     # ------------------------------------------------------------------ commit and stop
 
     def _commit(self, req: Request, drafts: list[int], accepted: int, final: int,
-                logits: torch.Tensor, is_decode: bool) -> RequestOutput | None:
+                logits: torch.Tensor) -> RequestOutput | None:
         if req.request_id in self._faulty:
             raise RuntimeError("fault injected for testing (SPECDEC_FAULT_INJECTION)")
         new = drafts[:accepted] + [final]
-        if is_decode:
-            req.num_computed += 1 + accepted
+        req.num_computed += accepted
         kept, reason = self._apply_token_stops(req, new)
         text_ids = kept[:-1] if reason == "stop" else kept
         delta, n_stop = req.detokenizer.add(text_ids)
@@ -354,7 +350,8 @@ class Engine:
         relative to a target step. The choice depends only on the request's own history, so a
         seeded request draws the same random numbers whatever else is batched with it.
         """
-        k = min(req.max_spec_tokens, req.params.max_tokens - len(req.output_ids) - 1,
+        # Drafts past max_tokens are not wasted on correctness: the length stop drops the excess.
+        k = min(req.max_spec_tokens, req.params.max_tokens - len(req.output_ids),
                 self.max_model_len - req.num_tokens)
         if k <= 0 or not self.config.adaptive_speculation:
             return max(k, 0)
@@ -401,8 +398,14 @@ class Engine:
         return [Completion(r.request_id, r.output_ids, r.detokenizer.emitted, r.finish_reason, r.stats) for r in reqs]
 
 
+# End-of-generation tokens that checkpoints often leave out of their generation config (llama.cpp
+# stops on these too): Qwen's GGUF lists only <|im_end|>, yet <|endoftext|> ends a turn as well.
+END_OF_GENERATION_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
+
+
 def _eos_ids(target) -> set[int]:
-    ids: set[int] = set()
+    vocab = target.tokenizer.get_vocab()
+    ids: set[int] = {vocab[t] for t in END_OF_GENERATION_TOKENS if t in vocab}
     for src in (getattr(target.model, "generation_config", None), target.model.config, target.tokenizer):
         val = getattr(src, "eos_token_id", None)
         if isinstance(val, int):

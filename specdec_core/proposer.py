@@ -13,75 +13,79 @@ import torch
 
 from .model_runner import ForwardItem, ModelRunner
 from .request import Request
+from .scheduler import ScheduledRequest
 from .sampling import RowParams, sample, uniforms, warp
 
 
 @dataclass
 class Proposal:
-    """``tokens[b]`` are request b's drafts (possibly fewer than asked). ``probs`` is ``[B, K, V]``
+    """``tokens[b]`` are item b's drafts (possibly fewer than asked). ``probs`` is ``[B, K, V]``
     with the draft distributions they were sampled from, or None when q is one-hot on them."""
 
     tokens: list[list[int]]
     probs: torch.Tensor | None
 
 
-@dataclass
-class PrefillChunk:
-    """A slice of a prompt fed to the target this step; the draft model mirrors it."""
-
-    request: Request
-    start: int
-    length: int
-
-
 class Proposer(ABC):
     method: str
 
     @abstractmethod
-    def propose(self, reqs: list[Request], ks: list[int], prefill: list[PrefillChunk]) -> Proposal:
-        """Draft up to ``ks[b]`` tokens for ``reqs[b]`` and keep any auxiliary state in step."""
+    def propose(self, items: list[ScheduledRequest]) -> Proposal:
+        """Draft up to ``item.num_drafts`` tokens for each item and keep auxiliary state in step."""
 
     def commit(self, req: Request) -> None:
         """Called after the request's tokens were committed (rolls back stale draft state)."""
 
 
 class DraftModelProposer(Proposer):
+    """Drafts with a small model: one batched forward per draft position for all requests.
+
+    The draft cache lags the target by design: a request is caught up (all its tokens since its
+    ``draft_computed``) in the first forward of a step in which it drafts, and prompt chunks of
+    speculating requests are mirrored so the catch-up never has to re-read a whole prompt.
+    """
+
     method = "draft"
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
 
-    def propose(self, reqs: list[Request], ks: list[int], prefill: list[PrefillChunk]) -> Proposal:
+    def propose(self, items: list[ScheduledRequest]) -> Proposal:
         vocab = self.runner.vocab_size
-        k_max = max(ks, default=0)
-        tokens: list[list[int]] = [[] for _ in reqs]
-        probs = torch.zeros(len(reqs), k_max, vocab, device=self.runner.device)
-        # First forward: catch each drafting request up to its last committed token, and mirror
-        # the target's prefill chunks (no logits needed for those).
-        active = [b for b, k in enumerate(ks) if k > 0]
-        mirrored = [c for c in prefill if c.request.draft_computed == c.start]
-        items = [ForwardItem(reqs[b].slot, reqs[b].draft_computed, reqs[b].all_ids[reqs[b].draft_computed:], 1) for b in active]
-        items += [ForwardItem(c.request.slot, c.start, c.request.all_ids[c.start:c.start + c.length], 0) for c in mirrored]
+        k_max = max((it.num_drafts for it in items), default=0)
+        tokens: list[list[int]] = [[] for _ in items]
+        probs = torch.zeros(len(items), k_max, vocab, device=self.runner.device)
+        active = [b for b, it in enumerate(items) if it.num_drafts > 0]
+        mirrored = [it for it in items if it.num_drafts == 0 and it.request.in_prefill
+                    and it.request.max_spec_tokens > 0 and it.request.draft_computed == it.request.num_computed]
+        fwd = [self._catch_up(items[b], 1) for b in active] + [self._catch_up(it, 0) for it in mirrored]
         for j in range(max(k_max, 1)):
             if j > 0:
-                active = [b for b in active if ks[b] > j]
-                items = [ForwardItem(reqs[b].slot, reqs[b].draft_computed, [tokens[b][-1]], 1) for b in active]
-            if not items:
+                active = [b for b in active if items[b].num_drafts > j]
+                fwd = [ForwardItem(items[b].request.slot, items[b].request.draft_computed, [tokens[b][-1]], 1)
+                       for b in active]
+            if not fwd:
                 break
-            logits = self.runner.forward(items)
+            logits = self.runner.forward(fwd)
             for b in active:
-                reqs[b].draft_computed = reqs[b].num_tokens + j
-            for c in mirrored if j == 0 else []:
-                c.request.draft_computed += c.length
+                r = items[b].request
+                r.draft_computed = r.num_computed + items[b].num_new + j
+            for it in mirrored if j == 0 else []:
+                it.request.draft_computed += it.num_new
             if not active:
                 break
-            rows = [RowParams(reqs[b].params, reqs[b].output_ids + tokens[b]) for b in active]
-            q = warp(logits[: len(active)], rows)
-            u = uniforms([reqs[b].generator for b in active], 1, q.device)[:, 0]
+            reqs = [items[b].request for b in active]
+            q = warp(logits[: len(active)], [RowParams(r.params, r.output_ids + tokens[b]) for r, b in zip(reqs, active)])
+            u = uniforms([r.generator for r in reqs], 1, q.device)[:, 0]
             for i, (b, x) in enumerate(zip(active, sample(q, u).tolist())):
                 probs[b, j] = q[i]
                 tokens[b].append(x)
         return Proposal(tokens, probs)
+
+    @staticmethod
+    def _catch_up(item: ScheduledRequest, num_logits: int) -> ForwardItem:
+        r = item.request
+        return ForwardItem(r.slot, r.draft_computed, r.all_ids[r.draft_computed:r.num_computed + item.num_new], num_logits)
 
     def commit(self, req: Request) -> None:
         # Draft entries beyond the committed tokens belong to rejected drafts.
@@ -97,8 +101,8 @@ class NgramProposer(Proposer):
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n
 
-    def propose(self, reqs: list[Request], ks: list[int], prefill: list[PrefillChunk]) -> Proposal:
-        return Proposal([self.lookup(r.all_ids, k) if k > 0 else [] for r, k in zip(reqs, ks)], None)
+    def propose(self, items: list[ScheduledRequest]) -> Proposal:
+        return Proposal([self.lookup(it.request.all_ids, it.num_drafts) if it.num_drafts else [] for it in items], None)
 
     def lookup(self, ids: list[int], k: int) -> list[int]:
         seq = torch.tensor(ids)

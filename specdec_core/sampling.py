@@ -37,18 +37,20 @@ def warp(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
                     torch.tensor(r.history, device=logits.device), minlength=vocab
                 )[:vocab].to(logits.dtype)
                 logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
-    greedy = torch.tensor([r.params.greedy for r in rows], device=logits.device)
-    temps = torch.tensor([r.params.temperature or 1.0 for r in rows], device=logits.device)
-    logits = logits / temps[:, None]
-    top_k = [r.params.top_k for r in rows]
-    top_p = [r.params.top_p for r in rows]
-    if any(0 < k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
-        logits = _top_k_top_p(logits, top_k, top_p)
-    probs = torch.softmax(logits, dim=-1)
-    if bool(greedy.any()):
-        one_hot = torch.zeros_like(probs)
-        one_hot.scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
-        probs = torch.where(greedy[:, None], one_hot, probs)
+    greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+    sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
+    probs = torch.zeros_like(logits)
+    if greedy:
+        g = torch.tensor(greedy, device=logits.device)
+        probs[g, logits[g].argmax(dim=-1)] = 1.0
+    if sampled:
+        s = torch.tensor(sampled, device=logits.device)
+        part = logits[s] / torch.tensor([rows[i].params.temperature for i in sampled], device=logits.device)[:, None]
+        top_k = [rows[i].params.top_k for i in sampled]
+        top_p = [rows[i].params.top_p for i in sampled]
+        if any(0 < k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
+            part = _top_k_top_p(part, top_k, top_p)
+        probs[s] = torch.softmax(part, dim=-1)
     return probs
 
 

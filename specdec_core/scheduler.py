@@ -13,20 +13,31 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .kv_cache import SlotAllocator
-from .proposer import PrefillChunk
 from .request import Request, Status
 
 
 @dataclass
+class ScheduledRequest:
+    """One request's share of a step: ``num_new`` known tokens fed to the target (a prompt chunk,
+    or the last generated token) and ``num_drafts`` speculative tokens after them."""
+
+    request: Request
+    num_new: int
+    num_drafts: int
+
+    @property
+    def completes(self) -> bool:
+        """True when every known token is in the cache after this step: logits are needed."""
+        return self.request.num_computed + self.num_new == self.request.num_tokens
+
+
+@dataclass
 class ScheduledStep:
-    decode: list[Request] = field(default_factory=list)
-    # Draft tokens wanted by each decode request (0 = plain decoding this step).
-    num_drafts: list[int] = field(default_factory=list)
-    prefill: list[PrefillChunk] = field(default_factory=list)
+    items: list[ScheduledRequest] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not self.decode and not self.prefill
+        return not self.items
 
 
 class Scheduler:
@@ -51,17 +62,19 @@ class Scheduler:
             self.running.append(req)
         step = ScheduledStep()
         budget = self.token_budget
+        # Decoding requests first (1 + k tokens each), then prompt chunks with what is left. A
+        # chunk that finishes its prompt may carry drafts too, so speculation starts at token 1.
         for req in self.running:
             if not req.in_prefill:
                 k = num_drafts(req)
-                step.decode.append(req)
-                step.num_drafts.append(k)
+                step.items.append(ScheduledRequest(req, 1, k))
                 budget -= 1 + k
         for req in self.running:
             if req.in_prefill and budget > 0:
-                n = min(budget, len(req.prompt_ids) - req.num_computed)
-                step.prefill.append(PrefillChunk(req, req.num_computed, n))
-                budget -= n
+                n = min(budget, req.num_tokens - req.num_computed)
+                k = num_drafts(req) if req.num_computed + n == req.num_tokens else 0
+                step.items.append(ScheduledRequest(req, n, k))
+                budget -= n + k
         return step
 
     def remove(self, req: Request) -> None:

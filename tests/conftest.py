@@ -118,8 +118,44 @@ def truncated_copy(src: Path, out: Path, keep_layers: int) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(src)
-    model.model.layers = model.model.layers[:keep_layers]
-    model.config.num_hidden_layers = keep_layers
-    model.save_pretrained(out)
+    drop_layers(model, list(range(keep_layers))).save_pretrained(out)
     AutoTokenizer.from_pretrained(src).save_pretrained(out)
     return out
+
+
+def drop_layers(model: torch.nn.Module, keep: list[int]) -> torch.nn.Module:
+    """A copy of a decoder-only model keeping only the layers ``keep`` (a cheap, related draft)."""
+    import copy
+
+    cfg = model.config.to_dict()
+    cfg["num_hidden_layers"] = len(keep)
+    if cfg.get("layer_types"):
+        cfg["layer_types"] = [cfg["layer_types"][i] for i in keep]
+    draft = copy.deepcopy(model)
+    draft.config = type(model.config).from_dict(cfg)
+    draft.model.config = draft.config
+    layers = torch.nn.ModuleList(draft.model.layers[i] for i in keep)
+    for new_idx, layer in enumerate(layers):
+        layer.self_attn.layer_idx = new_idx
+    draft.model.layers = layers
+    return draft
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give the whole run (and servers it spawns) one private cache for converted GGUF weights."""
+    import os
+    import tempfile
+
+    if "SPECDEC_CACHE_DIR" not in os.environ:
+        os.environ["SPECDEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="specdec-test-cache-")
+
+
+def load(path: Path | str, **kwargs):
+    """Load a model through the project's loader with test defaults (CPU, fp32)."""
+    import os
+
+    from specdec_core.loader import load_model
+
+    return load_model(str(path), role=kwargs.pop("role", "target"), device="cpu", dtype="float32",
+                      quantize=kwargs.pop("quantize", "none"),
+                      cache_dir=Path(os.environ["SPECDEC_CACHE_DIR"]), progress=False, **kwargs)

@@ -1,0 +1,152 @@
+"""Greedy exactness: speculative output is token-identical to the target alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import drop_layers, load
+
+from specdec_core import Engine, EngineConfig, SamplingParams
+
+PROMPTS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "The capital of France is",
+    "1, 2, 3, 4, 5, 6, 7,",
+    "Once upon a time, in a land far away, there lived",
+    "import numpy as np\nimport torch\n",
+    "Q: What is 2 + 2?\nA:",
+    "<html><body><p>Hello</p><p>",
+    "the the the the the the",
+]
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def pairs(tiny_model_factory, tiny_target, tiny_draft, tmp_path_factory):
+    from conftest import truncated_copy
+
+    qwen = tiny_model_factory("qwen2", num_layers=2, hidden=64, seed=3)
+    qwen_draft = truncated_copy(qwen, tmp_path_factory.mktemp("qwen_draft"), keep_layers=1)
+    return {
+        "llama": (load(tiny_target), load(tiny_draft, role="draft")),
+        "qwen2": (load(qwen), load(qwen_draft, role="draft")),
+    }
+
+
+def engine(pair, method: str, k: int = 4, **kw) -> Engine:
+    target, draft = pair
+    cfg = EngineConfig(speculative_method=method, num_speculative_tokens=k, adaptive_speculation=False, seed=0, **kw)
+    return Engine.from_loaded(cfg, target, draft if method == "draft" else None)
+
+
+def run_staggered(eng: Engine, prompts: list[str], params: SamplingParams, every: int = 2) -> list[list[int]]:
+    """Submit one prompt every ``every`` steps, so requests join a batch already in flight."""
+    reqs = []
+    pending = list(prompts)
+    step = 0
+    while pending or eng.has_unfinished():
+        if pending and step % every == 0:
+            req = eng.make_request(pending.pop(0), params)
+            eng.add_request(req)
+            reqs.append(req)
+        eng.step()
+        step += 1
+    return [r.output_ids for r in reqs]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_draft_greedy_equals_target_only(pairs, arch, k):
+    pair = pairs[arch]
+    alone = [engine(pair, "none").generate([p], GREEDY)[0].token_ids for p in PROMPTS]
+    spec = engine(pair, "draft", k)
+    single = [spec.generate([p], GREEDY)[0].token_ids for p in PROMPTS[:2]]
+    assert single == alone[:2]
+    batched = run_staggered(spec, PROMPTS, GREEDY)
+    assert batched == alone
+    m = spec.metrics
+    # The tiny draft is the target minus a layer: it must be right sometimes and wrong sometimes,
+    # otherwise this test would not exercise rollback.
+    assert 0 < m.total_accepted_tokens < m.total_draft_tokens
+    assert spec.scheduler.kv_usage == 0.0
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_ngram_greedy_equals_target_only(pairs, k):
+    pair = pairs["llama"]
+    prompts = PROMPTS + ["a b c d a b c d a b c d a b"]
+    alone = engine(pair, "none").generate(prompts, GREEDY)
+    spec = engine(pair, "ngram", k)
+    assert [c.token_ids for c in run_staggered(spec, prompts, GREEDY, every=1) and spec.generate(prompts, GREEDY)] == [
+        c.token_ids for c in alone
+    ]
+    assert spec.metrics.total_draft_tokens > 0
+
+
+def test_request_joining_mid_flight_matches_alone(pairs):
+    pair = pairs["llama"]
+    eng = engine(pair, "draft", 3, max_num_seqs=4)
+    alone = eng.generate([PROMPTS[1]], GREEDY)[0].token_ids
+    first = eng.make_request(PROMPTS[0], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    eng.add_request(first)
+    for _ in range(3):
+        eng.step()
+    joiner = eng.make_request(PROMPTS[1], GREEDY)
+    eng.add_request(joiner)
+    while eng.has_unfinished():
+        eng.step()
+    assert joiner.output_ids == alone
+
+
+def test_chunked_prefill_and_mixed_k_per_request(pairs):
+    """A long prompt prefilled in chunks next to running streams; per-request k overrides."""
+    pair = pairs["llama"]
+    long_prompt = " ".join(f"word{i}" for i in range(300))
+    prompts = [PROMPTS[0], long_prompt, PROMPTS[2]]
+    alone = engine(pair, "none").generate(prompts, GREEDY)
+    eng = engine(pair, "draft", 4, max_num_batched_tokens=64)
+    params = [GREEDY, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, num_speculative_tokens=0),
+              SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, num_speculative_tokens=2)]
+    out = eng.generate(prompts, params)
+    assert [c.token_ids for c in out] == [c.token_ids for c in alone]
+    assert out[1].stats.draft_tokens == 0
+    assert 0 < out[2].stats.draft_tokens <= 2 * out[2].stats.verify_steps
+
+
+def test_adaptive_speculation_stays_exact(pairs):
+    pair = pairs["qwen2"]
+    alone = engine(pair, "none").generate(PROMPTS, GREEDY)
+    target, draft = pair
+    eng = Engine.from_loaded(EngineConfig(speculative_method="draft", num_speculative_tokens=5), target, draft)
+    assert [c.token_ids for c in eng.generate(PROMPTS, GREEDY)] == [c.token_ids for c in alone]
+
+
+@pytest.fixture(scope="module")
+def smol(smol_gguf):
+    return load(smol_gguf)
+
+
+@pytest.mark.slow
+def test_real_model_matches_transformers_generate(smol):
+    """SmolLM2-135M (real weights): speculative greedy == transformers generate(do_sample=False)."""
+    from specdec_core.loader import LoadedModel
+
+    n = smol.model.config.num_hidden_layers
+    draft = LoadedModel(drop_layers(smol.model, [i for i in range(n) if i not in (n // 2 - 1, n // 2)]), smol.tokenizer, "smol-draft", smol.path)
+    tok = smol.tokenizer
+    chats = [
+        [{"role": "user", "content": "What is the capital of France?"}],
+        [{"role": "user", "content": "Write a Python function that adds two numbers."}],
+    ]
+    prompts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+    prompts.append("def is_prime(n):\n    ")
+    params = SamplingParams(max_tokens=32, temperature=0.0)
+    eng = Engine.from_loaded(EngineConfig(speculative_method="draft", num_speculative_tokens=4, adaptive_speculation=False), smol, draft)
+    out = eng.generate(prompts, params)
+    for prompt, got in zip(prompts, out):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.inference_mode():
+            ref = smol.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False)
+        assert got.token_ids == ref[0, ids.shape[1]:].tolist()
+    assert eng.metrics.total_accepted_tokens > 0
+    assert "Paris" in out[0].text
