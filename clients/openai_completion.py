@@ -19,6 +19,7 @@ import os
 import sys
 import time
 
+import openai
 from openai import OpenAI
 
 
@@ -97,4 +98,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except openai.APIConnectionError as exc:
+        sys.exit(f"error: cannot reach the server ({exc}); is `specdec serve` running? (--base-url)")
+    except openai.APIStatusError as exc:
+        sys.exit(f"error: HTTP {exc.status_code}: {exc.message}")
+    except KeyboardInterrupt:
+        sys.exit(130)
