@@ -442,7 +442,8 @@ async def bench_server(
 ) -> tuple[list[Row], list[dict]]:
     rows: list[Row] = []
     details: list[dict] = []
-    limits = httpx.Limits(max_connections=max(args.concurrency) + 4, max_keepalive_connections=max(args.concurrency) + 4)
+    conns = max(args.concurrency) + 4
+    limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns)
     timeout = httpx.Timeout(args.request_timeout, connect=30.0)
     async with httpx.AsyncClient(base_url=base_url, headers=_headers(args), timeout=timeout, limits=limits) as client:
         await warm_up(client, model, args, list(workloads))
@@ -563,6 +564,9 @@ def _load_pair(args, need_draft: bool):
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    repo_root = str(Path(__file__).resolve().parent.parent)
+    if repo_root not in sys.path:  # run from a checkout without `pip install -e .`
+        sys.path.append(repo_root)
     try:
         from specdec_core.loader import load_model  # type: ignore
 
