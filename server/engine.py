@@ -82,6 +82,7 @@ class EngineHost:
         self._config = config
         self._stop = threading.Event()
         self._stopped = threading.Event()
+        self._built = threading.Event()
         self._thread: threading.Thread | None = None
 
     async def start(self) -> EngineLike:
@@ -108,6 +109,7 @@ class EngineHost:
                 with contextlib.suppress(RuntimeError):  # loop closed: nobody is waiting any more
                     loop.call_soon_threadsafe(deliver, ok, value)
                 if engine is not None:
+                    self._built.set()
                     self._stop.wait()
                     engine.shutdown()
             finally:
@@ -121,6 +123,10 @@ class EngineHost:
         """Shut the engine down (on its host thread). Returns False if that took over ``timeout``."""
         self._stop.set()
         if self._thread is None:
+            return True
+        if not self._built.is_set():
+            # Still loading: nothing to shut down yet. The daemon thread shuts the engine down if
+            # the load finishes before the process exits, and dies with the process otherwise.
             return True
         deadline = time.monotonic() + timeout
         while not self._stopped.is_set():

@@ -49,5 +49,22 @@ async def _frames(events: AsyncIterator[dict | str]) -> AsyncIterator[str]:
         yield item if isinstance(item, str) else dumps_str(item)
 
 
-def sse_response(events: AsyncIterator[dict | str]) -> EventSourceResponse:
-    return EventSourceResponse(_frames(events), sep="\n", ping=PING_INTERVAL_S)
+class GenerationStream(EventSourceResponse):
+    """The SSE response of one generation; ends the generation however the response ends.
+
+    ``generation_events`` closes the generation in its ``finally``, but only once it has started:
+    a client that disconnects before the first chunk is pulled cancels the response before the
+    body iterator ever runs. This wrapper is the guarantee that its engine requests are aborted.
+    """
+
+    def __init__(self, generation: Generation, chunks: AsyncIterator[dict[str, Any]]) -> None:
+        super().__init__(_frames(generation_events(generation, chunks)), sep="\n", ping=PING_INTERVAL_S)
+        self.generation = generation
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.generation.all_finished:
+                self.generation.disconnected = True
+            self.generation.close()

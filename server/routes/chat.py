@@ -15,7 +15,7 @@ from server.prompts import render_chat, resolve_max_tokens
 from server.protocol import ChatRequest, parse_chat_request
 from server.responses import TokenText, chat_body, chat_choice, chat_chunk_choice, chat_logprobs, usage
 from server.routes.common import build_params, check_model, read_json, request_id, request_log, server_state
-from server.streaming import generation_events, sse_response
+from server.streaming import GenerationStream
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -42,7 +42,7 @@ async def create_chat_completion(request: Request) -> Response:
 
     if req.stream:
         chunks = _stream_chunks(generation, req, completion_id, created, model, token_text)
-        return sse_response(generation_events(generation, chunks))
+        return GenerationStream(generation, chunks)
 
     try:
         connected = await run_until_disconnect(generation, request.receive)

@@ -15,7 +15,7 @@ from server.prompts import resolve_max_tokens, tokenize_prompt
 from server.protocol import CompletionRequest, parse_completion_request
 from server.responses import CompletionLogprobs, TokenText, completion_body, completion_choice, usage
 from server.routes.common import build_params, check_model, read_json, request_id, request_log, server_state
-from server.streaming import generation_events, sse_response
+from server.streaming import GenerationStream
 
 
 async def create_completion(request: Request) -> Response:
@@ -50,7 +50,7 @@ async def create_completion(request: Request) -> Response:
 
     if req.stream:
         chunks = _stream_chunks(generation, req, completion_id, created, model, echoes, token_text)
-        return sse_response(generation_events(generation, chunks))
+        return GenerationStream(generation, chunks)
 
     try:
         connected = await run_until_disconnect(generation, request.receive)
