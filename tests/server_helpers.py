@@ -228,6 +228,7 @@ class FakeEngine:
         self.script = Script()
         self.healthy = True
         self.live: set[FakeStream] = set()
+        self.submitted = 0  # requests ever added (polling `live` can miss a short-lived one)
         self.shut_down = False
 
     @property
@@ -246,6 +247,7 @@ class FakeEngine:
         if self.script.raise_on_add is not None:
             raise self.script.raise_on_add
         stream = FakeStream(self, request_id or "x", list(prompt), params)
+        self.submitted += 1
         self.live.add(stream)
         return stream
 

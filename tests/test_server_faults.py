@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import socket
 import threading
 from pathlib import Path
 
@@ -100,15 +101,32 @@ def test_dead_engine_reports_503(served, fake: FakeEngine) -> None:
 def test_disconnects_abort_engine_requests(served, fake: FakeEngine) -> None:
     fake.script = Script(delay_s=0.02)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(httpx.post, served.url + C, json={**BODY, "max_tokens": 1000}, timeout=1.0)
-        served.wait_for(lambda: fake.num_unfinished == 1)
+        pending = pool.submit(httpx.post, served.url + C, json={**BODY, "max_tokens": 1000}, timeout=2.0)
+        served.wait_for(lambda: fake.submitted == 1)
         with pytest.raises(httpx.ReadTimeout):
             pending.result()  # the client gives up and closes its connection
     served.wait_for(lambda: fake.num_unfinished == 0, timeout=5)
     with httpx.stream("POST", served.url + CHAT, json={**CHAT_BODY, "max_tokens": 1000, "stream": True}) as r:
         next(r.iter_lines())
-        served.wait_for(lambda: fake.num_unfinished == 1)
+        assert fake.submitted == 2
     served.wait_for(lambda: fake.num_unfinished == 0, timeout=5)
+
+
+def test_client_gone_before_first_chunk_leaks_nothing(served, fake: FakeEngine) -> None:
+    """A client that sends a streaming request and hangs up at once: its engine request is aborted
+    even if the response never got to iterate its body."""
+    fake.script = Script(delay_s=0.02)
+    body = json.dumps({**CHAT_BODY, "max_tokens": 1000, "stream": True}).encode()
+    head = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", served.port)) as sock:
+            sock.sendall(head + body)
+    served.wait_for(lambda: fake.num_unfinished == 0, timeout=5)
+    state = served.app.state.server
+    served.wait_for(lambda: not state.in_flight, timeout=5)
 
 
 def test_loading_then_ready(tokenizer) -> None:
