@@ -191,6 +191,10 @@ class Generation:
         return speculative_summary(self.method, (c.stats for c in self.choices.values()))
 
     # -- ending ----------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def abort(self) -> None:
         """Abort every unfinished choice (its stream then ends with finish_reason 'abort')."""
         self._abort_streams()

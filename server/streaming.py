@@ -65,6 +65,6 @@ class GenerationStream(EventSourceResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if not self.generation.all_finished:
-                self.generation.disconnected = True
+            if not self.generation.closed and not self.generation.all_finished:
+                self.generation.disconnected = True  # the body never ran to its end: client left
             self.generation.close()
