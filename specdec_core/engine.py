@@ -31,7 +31,7 @@ from .request import Request
 from .sampling import RowParams, warp
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledStep, Scheduler
-from .verifier import verify
+from .verifier import verify, verify_greedy
 
 log = logging.getLogger("specdec.engine")
 
@@ -146,7 +146,9 @@ class Engine:
         if req is None:
             return None
         req.finish("abort")
-        return self._retire(req, [], "", None)
+        out = self._retire(req, [], "", None)
+        self._refresh_gauges()
+        return out
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -241,6 +243,8 @@ class Engine:
         rows = [RowParams(r.params, r.output_ids + d[:j] if r.params.has_penalties else None)
                 for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
         probs = warp(logits, rows)
+        if all(r.params.greedy for r in reqs):
+            return verify_greedy(probs.argmax(dim=-1), drafts)
         bsz, vocab = len(reqs), probs.shape[1]
         p = probs.new_zeros(bsz, k_max + 1, vocab)
         q = probs.new_zeros(bsz, k_max, vocab)

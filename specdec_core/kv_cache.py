@@ -19,14 +19,15 @@ from transformers.cache_utils import Cache
 class PackedLayout:
     """Where the tokens of one packed forward go, and which cached entries they attend to.
 
-    ``tok_*`` have one entry per new token, ``key_*`` one per key position read back (the whole
-    prefix of every request in the batch, including its new tokens).
+    Indices are flat row numbers ``slot * max_len + position`` into a layer's cache viewed as
+    ``[heads, num_slots * max_len, head_dim]``, so writing and reading are single
+    ``index_copy_`` / ``index_select`` kernels. ``key_range`` is set when the keys form one
+    contiguous run (a batch of one request): then reading is a free slice.
     """
 
-    tok_slot: torch.Tensor
-    tok_pos: torch.Tensor
-    key_slot: torch.Tensor
-    key_pos: torch.Tensor
+    tok_index: torch.Tensor
+    key_index: torch.Tensor
+    key_range: tuple[int, int] | None = None
 
 
 class SlotAllocator:
@@ -56,7 +57,11 @@ class SlotAllocator:
 
 
 class SlotKVCache(Cache):
-    """KV storage of one model: ``[num_slots, kv_heads, max_len, head_dim]`` per layer."""
+    """KV storage of one model: ``[kv_heads, num_slots * max_len, head_dim]`` per layer.
+
+    Heads first, so both the rows written and the rows read back are ``[heads, tokens, dim]``
+    blocks that attention consumes without a transposing copy (several times faster on CPU).
+    """
 
     def __init__(
         self,
@@ -69,7 +74,7 @@ class SlotKVCache(Cache):
         device: torch.device,
     ) -> None:
         super().__init__(layers=[])
-        shape = (num_slots, num_kv_heads, max_len, head_dim)
+        shape = (num_kv_heads, num_slots * max_len, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.max_len = max_len
@@ -86,13 +91,15 @@ class SlotKVCache(Cache):
         lay = self.layout
         if lay is None:
             raise RuntimeError("SlotKVCache used outside ModelRunner.forward")
-        k_cache, v_cache = self.keys[layer_idx], self.values[layer_idx]
-        # key_states: [1, heads, tokens, dim] -> [tokens, heads, dim]
-        k_cache[lay.tok_slot, :, lay.tok_pos] = key_states[0].transpose(0, 1).to(k_cache.dtype)
-        v_cache[lay.tok_slot, :, lay.tok_pos] = value_states[0].transpose(0, 1).to(v_cache.dtype)
-        k = k_cache[lay.key_slot, :, lay.key_pos].transpose(0, 1).unsqueeze(0)
-        v = v_cache[lay.key_slot, :, lay.key_pos].transpose(0, 1).unsqueeze(0)
-        return k, v
+        out = []
+        for cache, states in ((self.keys[layer_idx], key_states), (self.values[layer_idx], value_states)):
+            cache.index_copy_(1, lay.tok_index, states[0].to(cache.dtype))  # states: [1, heads, tokens, dim]
+            if lay.key_range is not None:
+                rows = cache[:, lay.key_range[0]:lay.key_range[1]]
+            else:
+                rows = cache.index_select(1, lay.key_index)
+            out.append(rows.unsqueeze(0))
+        return out[0], out[1]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:  # type: ignore[override]
         # Positions are always passed explicitly; this is only consulted when they are not.

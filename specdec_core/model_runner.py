@@ -52,22 +52,23 @@ class ModelRunner:
     def forward(self, items: list[ForwardItem]) -> torch.Tensor:
         """Return float32 logits ``[sum(num_logits), vocab_size]`` in item order."""
         dev = self.device
+        max_len = self.cache.max_len
         tok_ids: list[int] = []
-        tok_slot: list[int] = []
         tok_pos: list[int] = []
         tok_seq: list[int] = []
-        key_slot: list[int] = []
+        tok_index: list[int] = []
+        key_index: list[int] = []
         key_pos: list[int] = []
         key_seq: list[int] = []
         logit_rows: list[int] = []
         for i, it in enumerate(items):
-            n, end = len(it.tokens), it.start + len(it.tokens)
+            n, end, base = len(it.tokens), it.start + len(it.tokens), it.slot * max_len
             offset = len(tok_ids)
             tok_ids += it.tokens
-            tok_slot += [it.slot] * n
             tok_pos += range(it.start, end)
             tok_seq += [i] * n
-            key_slot += [it.slot] * end
+            tok_index += range(base + it.start, base + end)
+            key_index += range(base, base + end)
             key_pos += range(end)
             key_seq += [i] * end
             logit_rows += range(offset + n - it.num_logits, offset + n)
@@ -77,8 +78,11 @@ class ModelRunner:
 
         tok_pos_t, key_pos_t = t(tok_pos), t(key_pos)
         # A token sees the keys of its own request at positions <= its own.
-        mask = (t(tok_seq)[:, None] == t(key_seq)[None, :]) & (key_pos_t[None, :] <= tok_pos_t[:, None])
-        self.cache.layout = PackedLayout(t(tok_slot), tok_pos_t, t(key_slot), key_pos_t)
+        mask = key_pos_t[None, :] <= tok_pos_t[:, None]
+        if len(items) > 1:
+            mask &= t(tok_seq)[:, None] == t(key_seq)[None, :]
+        key_range = (key_index[0], key_index[0] + len(key_index)) if len(items) == 1 else None
+        self.cache.layout = PackedLayout(t(tok_index), t(key_index), key_range)
         try:
             out = self.body(
                 input_ids=t(tok_ids)[None],

@@ -62,3 +62,24 @@ def verify(
     residual = torch.where(mass > 0, residual, p_at)
     final = sample(residual, u_final)
     return VerifyResult(num_accepted.tolist(), final.tolist())
+
+
+def verify_greedy(argmax: torch.Tensor, drafts: list[list[int]]) -> VerifyResult:
+    """The temperature-0 limit of ``verify`` without building distributions: accept while a draft
+    equals the target's argmax, then emit the argmax. ``argmax`` holds each request's rows
+    (``len(drafts[b]) + 1`` of them) back to back."""
+    bsz = len(drafts)
+    k_max = max((len(d) for d in drafts), default=0)
+    lengths = torch.tensor([len(d) + 1 for d in drafts], device=argmax.device)
+    starts = torch.cumsum(lengths, 0) - lengths
+    cols = torch.arange(k_max + 1, device=argmax.device)
+    # Row index of (b, j), clamped into the request's own rows for the padding columns.
+    idx = starts[:, None] + torch.minimum(cols[None, :], lengths[:, None] - 1)
+    target = argmax[idx]
+    tok = torch.full((bsz, k_max), -1, dtype=torch.long, device=argmax.device)
+    for b, d in enumerate(drafts):
+        if d:
+            tok[b, : len(d)] = torch.tensor(d, device=argmax.device)
+    num_accepted = (tok == target[:, :k_max]).long().cumprod(dim=1).sum(dim=1)
+    final = target.gather(1, num_accepted[:, None]).squeeze(1)
+    return VerifyResult(num_accepted.tolist(), final.tolist())
