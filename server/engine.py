@@ -66,14 +66,10 @@ def load_engine(config: EngineConfig) -> EngineLike:
 
 
 class EngineHost:
-    """The thread that builds the engine, stays alive while it serves, and shuts it down.
+    """The thread that builds the engine off the event loop and later shuts it down.
 
-    Building happens off the event loop so HTTP answers (503) while weights load. The building
-    thread must then *stay alive*: torch's OpenMP worker threads belong to the thread that first
-    ran parallel work (model loading, warm-up); when that thread exits, its workers keep
-    spinning, and on a 2-core machine the engine thread then runs ~25x slower (measured: 24 tokens
-    of a tiny model in 3 s instead of 0.1 s). So this thread parks until shutdown.
-
+    Building happens off the event loop so HTTP answers (503) while weights load. (The engine keeps
+    torch's OpenMP workers on its own long-lived thread; see ``specdec_core.async_engine``.)
     It is a daemon thread: a SIGTERM during a minutes-long load must not wait for the load.
     """
 

@@ -67,21 +67,39 @@ class AsyncEngine:
     """Thread-backed engine. Construction loads the models (blocking: use ``asyncio.to_thread``)."""
 
     def __init__(self, config: EngineConfig, progress: bool = True, engine: Engine | None = None) -> None:
-        self.engine = engine or Engine(config, progress=progress)
-        self.tokenizer = self.engine.tokenizer
-        self.model_name = self.engine.model_name
-        self.speculative_method = self.engine.method
-        self.num_speculative_tokens = self.engine.num_speculative_tokens
-        self.max_model_len = self.engine.max_model_len
-        self.vocab_size = self.engine.vocab_size
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._inbox: deque[tuple[str, object]] = deque()
         self._streams: dict[str, RequestStream] = {}
         self._stopping = False
         self.dead_reason: str | None = None
-        self._thread = threading.Thread(target=self._loop, name="specdec-engine", daemon=True)
+        # The models are built on the engine thread itself: torch's OpenMP workers spin (about
+        # 25x slower steps, measured) once the thread that first ran parallel work has exited,
+        # so that thread must be the long-lived one.
+        built = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self.engine = engine or Engine(config, progress=progress)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the constructor's thread
+                failure.append(exc)
+                return
+            finally:
+                built.set()
+            self._loop()
+
+        self._thread = threading.Thread(target=run, name="specdec-engine", daemon=True)
         self._thread.start()
+        built.wait()
+        if failure:
+            raise failure[0]
+        self.tokenizer = self.engine.tokenizer
+        self.model_name = self.engine.model_name
+        self.speculative_method = self.engine.method
+        self.num_speculative_tokens = self.engine.num_speculative_tokens
+        self.max_model_len = self.engine.max_model_len
+        self.vocab_size = self.engine.vocab_size
 
     # -------------------------------------------------------------- caller side (event loop)
 
