@@ -812,7 +812,7 @@ def write_chart(rows: list[Row], path: Path, title: str) -> None:
             ax.set_ylabel(ylabel)
             ax.set_title(f"{kind}: {ylabel}")
             ax.grid(axis="y", alpha=0.3)
-        ax_t.legend(fontsize=8)
+        ax_t.legend(fontsize=7, framealpha=0.7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
