@@ -14,13 +14,12 @@ are printed to stderr. The API key is read from ``--api-key`` or ``SPECDEC_API_K
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
-import openai
 from openai import OpenAI
+from sdk_report import print_report, run_cli
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,26 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         # Unknown fields (specdec's "speculative") are kept by the SDK in model_extra.
         speculative = (chunk.model_extra or {}).get("speculative", speculative)
         usage = chunk.usage or usage
-    elapsed = time.perf_counter() - start
-    sys.stdout.write("\n")
-
-    report = {
-        "model": model,
-        "time_to_first_token_s": None if first is None else round(first - start, 4),
-        "total_time_s": round(elapsed, 4),
-        "usage": usage.model_dump() if usage is not None else None,
-        "speculative": speculative,
-    }
-    print(json.dumps(report, indent=2), file=sys.stderr)
+    print_report(model, start, first, usage, speculative)
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except openai.APIConnectionError as exc:
-        sys.exit(f"error: cannot reach the server ({exc}); is `specdec serve` running? (--base-url)")
-    except openai.APIStatusError as exc:
-        sys.exit(f"error: HTTP {exc.status_code}: {exc.message}")
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_cli(main)

@@ -9,12 +9,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.generation import Generation, Job, run_until_disconnect
-from server.jsonio import JSONResponse
+from server.generation import Generation, Job
 from server.prompts import render_chat, resolve_max_tokens
 from server.protocol import ChatRequest, parse_chat_request
 from server.responses import TokenText, chat_body, chat_choice, chat_chunk_choice, chat_logprobs, usage
-from server.routes.common import build_params, check_model, read_json, request_id, request_log, server_state
+from server.routes.common import build_params, check_model, read_json, request_id, request_log, respond_when_done, server_state
 from server.streaming import GenerationStream
 
 
@@ -44,30 +43,23 @@ async def create_chat_completion(request: Request) -> Response:
         chunks = _stream_chunks(generation, req, completion_id, created, model, token_text)
         return GenerationStream(generation, chunks)
 
-    try:
-        connected = await run_until_disconnect(generation, request.receive)
-    finally:
-        generation.close()
-    if not connected:
-        return Response(status_code=499)
-    failure = generation.failure()
-    if failure is not None:
-        raise failure
-    choices = []
-    for index in sorted(generation.choices):
-        choice = generation.choices[index]
-        logprobs = chat_logprobs(token_text, choice.logprobs) if req.sampling.logprobs is not None else None
-        choices.append(chat_choice(index, "".join(choice.text), choice.finish_reason, logprobs))
-    body = chat_body(
-        completion_id,
-        created,
-        model,
-        choices,
-        usage(generation.prompt_tokens, generation.completion_tokens),
-        generation.speculative(),
-        chunk=False,
-    )
-    return JSONResponse(body)
+    def body() -> dict[str, Any]:
+        choices = []
+        for index in sorted(generation.choices):
+            choice = generation.choices[index]
+            logprobs = chat_logprobs(token_text, choice.logprobs) if req.sampling.logprobs is not None else None
+            choices.append(chat_choice(index, "".join(choice.text), choice.finish_reason, logprobs))
+        return chat_body(
+            completion_id,
+            created,
+            model,
+            choices,
+            usage(generation.prompt_tokens, generation.completion_tokens),
+            generation.speculative(),
+            chunk=False,
+        )
+
+    return await respond_when_done(generation, request, body)
 
 
 async def _stream_chunks(

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import Response
 
 from specdec_core.sampling_params import SamplingParams
 
 from server.errors import APIError, invalid_request
-from server.jsonio import loads
+from server.generation import Generation, run_until_disconnect
+from server.jsonio import JSONResponse, loads
 from server.protocol import SamplingOptions
 from server.state import ServerState
 
@@ -54,3 +57,20 @@ def build_params(sampling: SamplingOptions, max_tokens: int, choice: int) -> Sam
     except ValueError as exc:
         message = str(exc)
         raise invalid_request(message, message.split(" ", 1)[0] or None) from None
+
+
+async def respond_when_done(
+    generation: Generation, request: Request, build_body: Callable[[], dict[str, Any]]
+) -> Response:
+    """The non-streamed answer: wait for every choice (closing the generation either way), then the
+    JSON body from ``build_body``. A client that went away gets 499; an engine failure is raised."""
+    try:
+        connected = await run_until_disconnect(generation, request.receive)
+    finally:
+        generation.close()
+    if not connected:
+        return Response(status_code=499)
+    failure = generation.failure()
+    if failure is not None:
+        raise failure
+    return JSONResponse(build_body())

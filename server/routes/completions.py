@@ -9,12 +9,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.generation import Generation, Job, run_until_disconnect
-from server.jsonio import JSONResponse
+from server.generation import Generation, Job
 from server.prompts import resolve_max_tokens, tokenize_prompt
 from server.protocol import CompletionRequest, parse_completion_request
 from server.responses import CompletionLogprobs, TokenText, completion_body, completion_choice, usage
-from server.routes.common import build_params, check_model, read_json, request_id, request_log, server_state
+from server.routes.common import build_params, check_model, read_json, request_id, request_log, respond_when_done, server_state
 from server.streaming import GenerationStream
 
 
@@ -52,32 +51,25 @@ async def create_completion(request: Request) -> Response:
         chunks = _stream_chunks(generation, req, completion_id, created, model, echoes, token_text)
         return GenerationStream(generation, chunks)
 
-    try:
-        connected = await run_until_disconnect(generation, request.receive)
-    finally:
-        generation.close()
-    if not connected:
-        return Response(status_code=499)
-    failure = generation.failure()
-    if failure is not None:
-        raise failure
-    choices = []
-    for index in sorted(generation.choices):
-        choice = generation.choices[index]
-        prefix = echoes.get(index, "")
-        logprobs = None
-        if req.sampling.logprobs is not None:
-            logprobs = CompletionLogprobs(token_text, len(prefix)).piece(choice.logprobs)
-        choices.append(completion_choice(index, prefix + "".join(choice.text), choice.finish_reason, logprobs))
-    body = completion_body(
-        completion_id,
-        created,
-        model,
-        choices,
-        usage(generation.prompt_tokens, generation.completion_tokens),
-        generation.speculative(),
-    )
-    return JSONResponse(body)
+    def body() -> dict[str, Any]:
+        choices = []
+        for index in sorted(generation.choices):
+            choice = generation.choices[index]
+            prefix = echoes.get(index, "")
+            logprobs = None
+            if req.sampling.logprobs is not None:
+                logprobs = CompletionLogprobs(token_text, len(prefix)).piece(choice.logprobs)
+            choices.append(completion_choice(index, prefix + "".join(choice.text), choice.finish_reason, logprobs))
+        return completion_body(
+            completion_id,
+            created,
+            model,
+            choices,
+            usage(generation.prompt_tokens, generation.completion_tokens),
+            generation.speculative(),
+        )
+
+    return await respond_when_done(generation, request, body)
 
 
 async def _stream_chunks(
