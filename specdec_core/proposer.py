@@ -75,7 +75,7 @@ class DraftModelProposer(Proposer):
             if not active:
                 break
             reqs = [items[b].request for b in active]
-            q = warp(logits[: len(active)], [RowParams(r.params, r.output_ids + tokens[b]) for r, b in zip(reqs, active)])
+            q = warp(logits[: len(active)], [RowParams(r.params, r.output_ids + tokens[b] if r.params.has_penalties else None) for r, b in zip(reqs, active)])
             u = uniforms([r.generator for r in reqs], 1, q.device)[:, 0]
             for i, (b, x) in enumerate(zip(active, sample(q, u).tolist())):
                 probs[b, j] = q[i]
