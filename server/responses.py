@@ -114,17 +114,7 @@ def completion_choice(index: int, text: str, finish_reason: str | None, logprobs
 def completion_body(
     completion_id: str, created: int, model: str, choices: list[dict], usage_: dict | None, speculative: dict | None
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": completion_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-    }
-    body["usage"] = usage_
-    if speculative is not None:
-        body["speculative"] = speculative
-    return body
+    return _body("text_completion", completion_id, created, model, choices, usage_, speculative)
 
 
 # -- /v1/chat/completions -----------------------------------------------------------------------
@@ -155,14 +145,17 @@ def chat_body(
     *,
     chunk: bool,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": completion_id,
-        "object": "chat.completion.chunk" if chunk else "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": choices,
-    }
-    body["usage"] = usage_
+    obj = "chat.completion.chunk" if chunk else "chat.completion"
+    return _body(obj, completion_id, created, model, choices, usage_, speculative)
+
+
+def _body(
+    obj: str, completion_id: str, created: int, model: str, choices: list[dict], usage_: dict | None,
+    speculative: dict | None,
+) -> dict[str, Any]:
+    """The envelope both endpoints share; ``speculative`` is specdec's report, added when present."""
+    body: dict[str, Any] = {"id": completion_id, "object": obj, "created": created, "model": model,
+                            "choices": choices, "usage": usage_}
     if speculative is not None:
         body["speculative"] = speculative
     return body
