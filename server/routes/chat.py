@@ -11,25 +11,25 @@ from starlette.responses import Response
 
 from server.generation import Generation, Job
 from server.prompts import render_chat, resolve_max_tokens
-from server.protocol import ChatRequest, parse_chat_request
 from server.responses import TokenText, chat_body, chat_choice, chat_chunk_choice, chat_logprobs, usage
-from server.routes.common import build_params, check_model, read_json, request_id, request_log, respond_when_done, server_state
+from server.routes.common import check_model, read_request, request_id, request_log, respond_when_done, server_state
+from server.schemas import ChatCompletionRequest
 from server.streaming import GenerationStream
 
 
 async def create_chat_completion(request: Request) -> Response:
     arrival = time.perf_counter()
     state = server_state(request)
-    req = parse_chat_request(await read_json(request))
+    req = await read_request(request, ChatCompletionRequest)
     engine = state.require_engine()
     model = check_model(state, req.model)
     tokenizer = engine.tokenizer
 
-    prompt_ids = render_chat(tokenizer, req.messages)
+    prompt_ids = render_chat(tokenizer, req.template_messages())
     budget = resolve_max_tokens(
-        len(prompt_ids), req.max_tokens, engine.max_model_len, prompt_param="messages", tokens_param=req.max_tokens_param
+        len(prompt_ids), req.completion_budget, engine.max_model_len, prompt_param="messages", tokens_param=req.budget_param
     )
-    jobs = [Job(i, prompt_ids, build_params(req.sampling, budget, i), counts_prompt=i == 0) for i in range(req.n)]
+    jobs = [Job(i, prompt_ids, req.to_sampling_params(budget, i), counts_prompt=i == 0) for i in range(req.n)]
 
     completion_id = f"chatcmpl-{request_id(request)}"
     fields = request_log(request)
@@ -47,7 +47,7 @@ async def create_chat_completion(request: Request) -> Response:
         choices = []
         for index in sorted(generation.choices):
             choice = generation.choices[index]
-            logprobs = chat_logprobs(token_text, choice.logprobs) if req.sampling.logprobs is not None else None
+            logprobs = chat_logprobs(token_text, choice.logprobs) if req.num_logprobs is not None else None
             choices.append(chat_choice(index, "".join(choice.text), choice.finish_reason, logprobs))
         return chat_body(
             completion_id,
@@ -64,7 +64,7 @@ async def create_chat_completion(request: Request) -> Response:
 
 async def _stream_chunks(
     generation: Generation,
-    req: ChatRequest,
+    req: ChatCompletionRequest,
     completion_id: str,
     created: int,
     model: str,
@@ -79,7 +79,7 @@ async def _stream_chunks(
         return body
 
     yield chunk([chat_chunk_choice(i, {"role": "assistant", "content": ""}) for i in sorted(generation.choices)])
-    want_logprobs = req.sampling.logprobs is not None
+    want_logprobs = req.num_logprobs is not None
     async for choice, out in generation.deltas():
         if out.finish_reason in ("error", "abort"):
             break

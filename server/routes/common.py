@@ -1,20 +1,26 @@
-"""Helpers every generation route needs: the JSON body, the server state, the model check."""
+"""Helpers every generation route needs: the validated body, the server state, the model check."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
+import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 
-from specdec_core.sampling_params import SamplingParams
-
-from server.errors import APIError, invalid_request
+from server.errors import APIError
 from server.generation import Generation, run_until_disconnect
-from server.jsonio import JSONResponse, loads
-from server.protocol import SamplingOptions
+from server.jsonio import JSONResponse
+from server.parsing import parse_body
+from server.schemas import Schema
 from server.state import ServerState
+
+log = structlog.get_logger("specdec.server")
+
+S = TypeVar("S", bound=Schema)
+# Unknown field names come from the client: log a bounded number of bounded names.
+MAX_LOGGED_FIELDS, MAX_FIELD_NAME = 20, 80
 
 
 def server_state(request: Request) -> ServerState:
@@ -31,14 +37,16 @@ def request_id(request: Request) -> str:
     return request.scope.get("state", {}).get("request_id") or "unknown"
 
 
-async def read_json(request: Request) -> Any:
-    raw = await request.body()
-    if not raw.strip():
-        raise invalid_request("The request body is empty; send a JSON object.")
-    try:
-        return loads(raw)
-    except ValueError as exc:
-        raise invalid_request(f"The request body is not valid JSON: {exc}") from None
+async def read_request(request: Request, schema: type[S]) -> S:
+    """The body validated against ``schema`` (a 400 if it does not fit). Fields the schema does not
+    know are ignored, and named in a warning so a typo ("temprature") does not go unnoticed."""
+    body = parse_body(schema, await request.body())
+    unknown = body.unknown_fields()
+    if unknown:
+        names = [name[:MAX_FIELD_NAME] for name in unknown[:MAX_LOGGED_FIELDS]]
+        log.warning("ignoring unknown request fields", request_id=request_id(request), fields=names, count=len(unknown))
+        request_log(request)["ignored_fields"] = names
+    return body
 
 
 def check_model(state: ServerState, model: str | None) -> str:
@@ -47,16 +55,6 @@ def check_model(state: ServerState, model: str | None) -> str:
     if model is not None and model != served:
         raise APIError(404, f"The model '{model}' does not exist. This server serves '{served}'.", param="model", code="model_not_found")
     return served
-
-
-def build_params(sampling: SamplingOptions, max_tokens: int, choice: int) -> SamplingParams:
-    """Engine parameters for one choice. The HTTP layer validated every field already; should the
-    engine's own checks still object, the message names the field and becomes a 400."""
-    try:
-        return sampling.params(max_tokens, choice)
-    except ValueError as exc:
-        message = str(exc)
-        raise invalid_request(message, message.split(" ", 1)[0] or None) from None
 
 
 async def respond_when_done(

@@ -11,31 +11,31 @@ from starlette.responses import Response
 
 from server.generation import Generation, Job
 from server.prompts import resolve_max_tokens, tokenize_prompt
-from server.protocol import CompletionRequest, parse_completion_request
 from server.responses import CompletionLogprobs, TokenText, completion_body, completion_choice, usage
-from server.routes.common import build_params, check_model, read_json, request_id, request_log, respond_when_done, server_state
+from server.routes.common import check_model, read_request, request_id, request_log, respond_when_done, server_state
+from server.schemas import CompletionRequest
 from server.streaming import GenerationStream
 
 
 async def create_completion(request: Request) -> Response:
     arrival = time.perf_counter()
     state = server_state(request)
-    req = parse_completion_request(await read_json(request))
+    req = await read_request(request, CompletionRequest)
     engine = state.require_engine()
     model = check_model(state, req.model)
     tokenizer = engine.tokenizer
 
-    prompt_ids = [tokenize_prompt(tokenizer, p, engine.vocab_size) for p in req.prompts]
+    prompt_ids = [tokenize_prompt(tokenizer, p, engine.vocab_size) for p in req.prompt]
     jobs: list[Job] = []
     echoes: dict[int, str] = {}
     for p, ids in enumerate(prompt_ids):
         budget = resolve_max_tokens(
             len(ids), req.max_tokens, engine.max_model_len, prompt_param="prompt", tokens_param="max_tokens"
         )
-        prompt = req.prompts[p]
+        prompt = req.prompt[p]
         for i in range(req.n):
             index = p * req.n + i
-            jobs.append(Job(index, ids, build_params(req.sampling, budget, index), counts_prompt=i == 0))
+            jobs.append(Job(index, ids, req.to_sampling_params(budget, index), counts_prompt=i == 0))
             if req.echo:
                 echoes[index] = prompt if isinstance(prompt, str) else tokenizer.decode(ids)
 
@@ -57,7 +57,7 @@ async def create_completion(request: Request) -> Response:
             choice = generation.choices[index]
             prefix = echoes.get(index, "")
             logprobs = None
-            if req.sampling.logprobs is not None:
+            if req.num_logprobs is not None:
                 logprobs = CompletionLogprobs(token_text, len(prefix)).piece(choice.logprobs)
             choices.append(completion_choice(index, prefix + "".join(choice.text), choice.finish_reason, logprobs))
         return completion_body(
@@ -90,7 +90,7 @@ async def _stream_chunks(
         return body
 
     builders: dict[int, CompletionLogprobs] = {}
-    if req.sampling.logprobs is not None:
+    if req.num_logprobs is not None:
         builders = {index: CompletionLogprobs(token_text, len(echoes.get(index, ""))) for index in generation.choices}
     for index, prefix in sorted(echoes.items()):
         yield chunk([completion_choice(index, prefix, None, None)])

@@ -1,0 +1,362 @@
+"""The request bodies of ``/v1/completions`` and ``/v1/chat/completions`` as pydantic models.
+
+Each field's type and bounds are declared once, here; validation, the 400 a client gets (see
+``server.parsing``) and the served OpenAPI document (``server.openapi``) all come from these
+declarations. Types are strict where OpenAI's are (``max_tokens`` is an integer, not ``"5"``,
+``5.5`` or ``true``) and floats must be finite. JSON ``null`` means "not given" everywhere (many
+clients send every field, nulls included).
+
+Fields this server does not know are ignored (``extra="allow"``; the route logs their names), as
+OpenAI and vLLM do, so a client written for a newer API still works. Known OpenAI fields whose
+feature is not implemented (tools, ``logit_bias``, ``suffix``, non-text content, ...) are refused
+by name instead: ignoring them would silently change what the client gets.
+
+Extensions (documented in ``specdec serve --help``): ``top_k`` (0 or -1 = off),
+``num_speculative_tokens`` (int >= 0: caps k for this request, 0 = no speculation),
+``speculative`` (``false`` = no speculation), ``ignore_eos``, ``stop_token_ids``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from specdec_core.sampling_params import SamplingParams
+
+MAX_N = 128
+MAX_COMPLETION_LOGPROBS = 5
+MAX_CHAT_TOP_LOGPROBS = 20
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+TOOLS_UNSUPPORTED = "Tool and function calling are not implemented."
+
+
+def invalid(message: str, **context: Any) -> PydanticCustomError:
+    """A validation error whose message completes "'<param>' ..." (see ``server.parsing``).
+    Values from the request go in ``context``, never into the template itself."""
+    return PydanticCustomError("invalid_value", message, context)
+
+
+def unsupported(detail: str, **context: Any) -> PydanticCustomError:
+    """A known OpenAI feature this server does not implement: a 400 with code ``unsupported_parameter``."""
+    return PydanticCustomError("unsupported_parameter", detail, context)
+
+
+def _nullable_optionals(schema: dict[str, Any]) -> None:
+    """Say in the JSON schema what ``_null_means_absent`` does: every optional field accepts null."""
+    required = set(schema.get("required", ()))
+    for name, prop in schema.get("properties", {}).items():
+        if name in required or {"type": "null"} in prop.get("anyOf", ()):
+            continue
+        meta = {key: prop.pop(key) for key in ("title", "default", "description") if key in prop}
+        schema["properties"][name] = {"anyOf": [prop, {"type": "null"}], **meta}
+
+
+class Schema(BaseModel):
+    """Common configuration: strict types, finite floats, unknown fields kept aside (see module doc)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False, json_schema_extra=_nullable_optionals)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_absent(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
+
+    def unknown_fields(self, prefix: str = "") -> list[str]:
+        """Paths (``messages[0].foo``) of every field this model and its parts ignored."""
+        found = [f"{prefix}{name}" for name in self.model_extra or {}]
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            items = enumerate(value) if isinstance(value, list) else [(None, value)]
+            for i, item in items:
+                if isinstance(item, Schema):
+                    found += item.unknown_fields(f"{prefix}{name}" + ("" if i is None else f"[{i}]") + ".")
+        return found
+
+
+def _refuse_nonempty(value: Any) -> Any:
+    if value:
+        raise unsupported(TOOLS_UNSUPPORTED)
+    return value
+
+
+def _refuse_unless_none(value: Any) -> Any:
+    if value != "none":
+        raise unsupported(TOOLS_UNSUPPORTED)
+    return value
+
+
+def _refuse(value: Any) -> Any:
+    raise unsupported(TOOLS_UNSUPPORTED)
+
+
+# A field that accepts only the "off" value of a tool-calling feature (and null).
+NoTools = Annotated[list[dict[str, Any]], BeforeValidator(_refuse_nonempty)]
+NoToolChoice = Annotated[Literal["none"], BeforeValidator(_refuse_unless_none)]
+
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+TokenId = Annotated[int, Field(ge=0)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _prompts(value: Any) -> list[str | list[int]]:
+    """OpenAI's four prompt forms, as a list of prompts (each text or token ids). Every problem
+    is reported against ``prompt`` as a whole: which form was meant is a guess."""
+    forms = "must be a string, an array of strings, an array of token ids, or an array of arrays of token ids."
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise invalid(forms)
+    if not value:
+        raise invalid("must not be empty.")
+    if all(isinstance(p, str) for p in value):
+        return list(value)
+    if all(_is_int(t) for t in value):
+        return [list(value)]
+    if all(isinstance(p, list) for p in value):
+        if not all(p and all(_is_int(t) for t in p) for p in value):
+            raise invalid("must hold non-empty arrays of integer token ids.")
+        return [list(p) for p in value]
+    raise invalid(forms)
+
+
+def _stops(value: Any) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise invalid("must be a string or an array of strings.")
+    if "" in items:
+        raise invalid("strings must not be empty.")
+    return list(items)
+
+
+Prompts = Annotated[
+    list[str | list[int]], PlainValidator(_prompts, json_schema_input_type=str | list[str] | TokenIds | list[TokenIds])
+]
+Stops = Annotated[list[str], PlainValidator(_stops, json_schema_input_type=NonEmptyStr | list[NonEmptyStr])]
+
+
+class StreamOptions(Schema):
+    include_usage: bool = False
+
+
+class GenerationRequest(Schema):
+    """Fields both endpoints share, and the one way to engine ``SamplingParams``."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Stops = []
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    user: str | None = None  # accepted; only meaningful to OpenAI's abuse monitoring
+    logit_bias: dict[str, float] = {}
+    # extensions
+    top_k: int = Field(0, ge=-1, description="Sample from the k most likely tokens; 0 or -1: off.")
+    speculative: bool = Field(True, description="false: no speculation for this request.")
+    num_speculative_tokens: int | None = Field(
+        None, ge=0, description="Caps the draft length k for this request; 0: no speculation."
+    )
+    ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence tokens.")
+    stop_token_ids: list[TokenId] = Field([], description="Token ids that end a choice (not included in it).")
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, value: StreamOptions, info: ValidationInfo) -> StreamOptions:
+        if info.data.get("stream") is not True:
+            raise invalid("is only allowed when 'stream' is true.")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict[str, float]) -> dict[str, float]:
+        if value:
+            raise unsupported("")
+        return value
+
+    @field_validator("num_speculative_tokens")
+    @classmethod
+    def _agrees_with_speculative(cls, value: int, info: ValidationInfo) -> int:
+        if value > 0 and info.data.get("speculative") is False:
+            raise invalid("> 0 contradicts 'speculative': false.")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Top alternatives the engine reports per token; None: no log-probabilities at all."""
+        raise NotImplementedError
+
+    def to_sampling_params(self, max_tokens: int, choice: int) -> SamplingParams:
+        """Engine parameters for one choice; choice i of a seeded request uses seed + i (wrapping
+        within int64), so choices differ from each other yet the request stays reproducible."""
+        seed = None
+        if self.seed is not None:
+            seed = (self.seed + choice - SEED_MIN) % 2**64 + SEED_MIN
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=max(self.top_k, 0),
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            seed=seed,
+            stop=list(self.stop),
+            stop_token_ids=list(self.stop_token_ids),
+            ignore_eos=self.ignore_eos,
+            logprobs=self.num_logprobs,
+            num_speculative_tokens=self.num_speculative_tokens if self.speculative else 0,
+        )
+
+
+class CompletionRequest(GenerationRequest):
+    """``POST /v1/completions``."""
+
+    prompt: Prompts
+    suffix: str | None = None
+    max_tokens: int = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = Field(None, ge=1)
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str) -> str:
+        if value:
+            raise unsupported("Insertion (fill-in-the-middle) is not implemented.")
+        return value
+
+    @field_validator("echo")
+    @classmethod
+    def _echo_without_logprobs(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("logprobs") is not None:
+            raise invalid(
+                "together with 'logprobs' is not supported: the engine does not compute prompt log-probabilities."
+            )
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, value: int, info: ValidationInfo) -> int:
+        if value != info.data.get("n", value):
+            raise unsupported("Only best_of == n (or omitted) is accepted; candidates are never discarded.")
+        return value
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+
+class ContentPart(Schema):
+    type: str
+    text: str
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, value: str) -> str:
+        if value != "text":
+            raise unsupported("Content parts of type '{kind}' are not supported.", kind=value)
+        return value
+
+
+def _text_as_parts(value: Any) -> Any:
+    if isinstance(value, str):
+        return [{"type": "text", "text": value}]
+    if not isinstance(value, list):
+        raise invalid("must be a string or an array of content parts.")
+    return value
+
+
+class ChatMessage(Schema):
+    role: Literal["system", "developer", "user", "assistant"]
+    # A string is one text part; the parts' texts are joined (see ``text``).
+    content: Annotated[list[ContentPart], BeforeValidator(_text_as_parts, json_schema_input_type=str | list[ContentPart])]
+    name: str | None = None
+    tool_calls: Annotated[list[dict[str, Any]] | None, BeforeValidator(_refuse)] = None
+    tool_call_id: Annotated[str | None, BeforeValidator(_refuse)] = None
+    function_call: Annotated[dict[str, Any] | None, BeforeValidator(_refuse)] = None
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _no_tool_roles(cls, value: Any) -> Any:
+        if value in ("tool", "function"):
+            raise unsupported("Role '{role}' is not supported (no tool calling).", role=value)
+        return value
+
+    @property
+    def text(self) -> str:
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(GenerationRequest):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    # Neither given: as many tokens as the context allows (OpenAI's chat default).
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
+    response_format: dict[str, Any] | None = None
+    tools: NoTools = []
+    functions: NoTools = []
+    tool_choice: NoToolChoice = "none"
+    function_call: NoToolChoice = "none"
+    parallel_tool_calls: Annotated[bool | None, BeforeValidator(_refuse)] = None
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _agrees_with_max_tokens(cls, value: int, info: ValidationInfo) -> int:
+        if info.data.get("max_tokens") not in (None, value):
+            raise invalid("disagrees with 'max_tokens'; give one of them.")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value: int, info: ValidationInfo) -> int:
+        if info.data.get("logprobs") is not True:
+            raise invalid("requires 'logprobs': true.")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format_only(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value.get("type") != "text":
+            raise unsupported('Only {"type": "text"} is accepted.')
+        return value
+
+    @property
+    def completion_budget(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def budget_param(self) -> str:
+        """The field a context-length error names: the one the client used."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def template_messages(self) -> list[dict[str, str]]:
+        """The messages as the chat template expects them (``developer`` is OpenAI's new ``system``)."""
+        out = []
+        for msg in self.messages:
+            entry = {"role": "system" if msg.role == "developer" else msg.role, "content": msg.text}
+            if msg.name is not None:
+                entry["name"] = msg.name
+            out.append(entry)
+        return out
