@@ -22,7 +22,7 @@ log = structlog.get_logger("specdec.request")
 # Polled endpoints: logged at debug level, or a scrape every few seconds would drown the log.
 QUIET_PATHS = frozenset({"/health", "/metrics"})
 # Metric labels: known routes by name, anything else lumped together (bounded cardinality).
-KNOWN_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"})
+KNOWN_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/openapi.json"})
 
 
 def route_label(path: str) -> str:

@@ -9,6 +9,7 @@ from server.routes.completions import create_completion
 from server.routes.health import health
 from server.routes.metrics import metrics
 from server.routes.models import list_models, retrieve_model
+from server.routes.openapi import openapi_json
 
 
 def routes() -> list[Route]:
@@ -19,4 +20,5 @@ def routes() -> list[Route]:
         Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
     ]

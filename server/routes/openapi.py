@@ -1,0 +1,13 @@
+"""``GET /openapi.json``: the API's OpenAPI document (built in server.openapi)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from server.jsonio import JSONResponse
+from server.openapi import openapi_document
+
+
+async def openapi_json(request: Request) -> Response:
+    return JSONResponse(openapi_document())
