@@ -35,10 +35,12 @@ class EngineConfig:
     num_speculative_tokens: int = 4
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    quantize: Literal["none", "int8"] = "none"
+    # "auto": per-row int8 on the CPU (fast, batch-invariant), none (bf16) on CUDA.
+    quantize: Literal["auto", "none", "int8"] = "auto"
     max_num_seqs: int = 8
     max_model_len: int = 2048
-    # Token budget of one target forward; long prompts are prefilled in chunks of at most this.
+    # Prompt tokens prefilled per step. Prompts are cut into chunks of this size at fixed offsets
+    # (0, C, 2C, ...), so how a prompt is chunked never depends on what else is running.
     max_num_batched_tokens: int = 512
     ngram_min: int = 1
     ngram_max: int = 4

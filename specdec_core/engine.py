@@ -55,20 +55,21 @@ class Engine:
     """Owns the models, caches, scheduler and proposer. Not thread-safe: drive it from one thread."""
 
     def __init__(self, config: EngineConfig, progress: bool = True) -> None:
-        from .loader import load_model, resolve_device, resolve_dtype
+        from .loader import load_model, resolve_device, resolve_dtype, resolve_quantize
 
         self.config = config
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
+        resolve_quantize(config.quantize, device, dtype)  # refuse a bad combination before loading
         method = config.speculative_method or (
             "draft" if (config.draft_model or config.model is None) else "ngram"
         )
         if method == "draft" and config.draft_model is None and config.model is not None:
             raise ValueError("speculative_method 'draft' needs a draft model (--draft-model)")
-        load = dict(device=device, dtype=dtype, quantize=config.quantize, cache_dir=config.cache_dir, progress=progress)
+        load = dict(device=device, dtype=dtype, cache_dir=config.cache_dir, progress=progress)
         target = load_model(config.model, role="target", **load)
         draft = load_model(config.draft_model, role="draft", **load) if method == "draft" else None
-        self._setup(config, target, draft, method)
+        self._setup(config, target, draft, method, owns_models=True)
 
     @classmethod
     def from_loaded(cls, config: EngineConfig, target, draft=None) -> "Engine":
@@ -80,7 +81,8 @@ class Engine:
         engine._setup(config, target, draft if method == "draft" else None, method)
         return engine
 
-    def _setup(self, config: EngineConfig, target, draft, method: str) -> None:
+    def _setup(self, config: EngineConfig, target, draft, method: str, owns_models: bool = False) -> None:
+        from .loader import resolve_quantize
         from .tokenizer_compat import check_pair, output_vocab_size
 
         self.config = config
@@ -92,15 +94,21 @@ class Engine:
         self.vocab_size = vocab
         self.max_model_len = config.max_model_len
         self.num_speculative_tokens = 0 if method == "none" else config.num_speculative_tokens
-        self.target = ModelRunner(target.model, config.max_num_seqs, config.max_model_len, vocab)
+        self.eos_ids = _eos_ids(target)
+        param = next(target.model.parameters())
+        self.quantize = resolve_quantize(config.quantize, param.device, param.dtype)
+        runner = dict(num_slots=config.max_num_seqs, max_len=config.max_model_len, vocab_size=vocab,
+                      quantize=self.quantize, release_weights=owns_models)
+        self.target = ModelRunner(target.model, **runner)
         self.proposer: Proposer | None
         if method == "draft":
-            self.draft_runner: ModelRunner | None = ModelRunner(draft.model, config.max_num_seqs, config.max_model_len, vocab)
+            self.draft_runner: ModelRunner | None = ModelRunner(draft.model, **runner)
             self.proposer = DraftModelProposer(self.draft_runner)
         else:
             self.draft_runner = None
             self.proposer = NgramProposer(config.ngram_min, config.ngram_max) if method == "ngram" else None
-        self.eos_ids = _eos_ids(target)
+        log.info("execution: target %s path, draft %s, quantize=%s", self.target.path,
+                 self.draft_runner.path if self.draft_runner else "none", self.quantize)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
         self.metrics = EngineMetrics()
         self._seed_rng = torch.Generator().manual_seed(config.seed if config.seed is not None else int(time.time_ns() % 2**31))
@@ -196,7 +204,7 @@ class Engine:
             r = it.request
             done = it.completes
             fwd.append(ForwardItem(r.slot, r.num_computed, r.all_ids[r.num_computed:r.num_computed + it.num_new] + d,
-                                   1 + len(d) if done else 0))
+                                   1 + len(d) if done else 0, num_drafts=len(d)))
             if done:
                 verifying.append(it)
                 drafts.append(d)

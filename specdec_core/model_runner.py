@@ -1,8 +1,16 @@
 """Runs one model over a ragged batch: many requests, each with its own cached prefix and its own
 number of new tokens, packed into a single sequence so no compute is spent on padding.
 
-Works for any ``AutoModelForCausalLM`` whose attention writes through ``past_key_values.update``
-and accepts a prepared 4-D mask (Llama, Qwen2, Mistral, Gemma, ... in transformers 5).
+Two execution paths, chosen per model at start-up (``ModelRunner.path``):
+
+- ``native`` (Llama, Qwen2, Mistral, SmolLM2): specdec's own forward (``native_llama``). Batch
+  invariant: a request's logits are bit-identical whatever else is in the forward, and verifying
+  drafts gives the logits plain decoding would give.
+- ``transformers`` (every other ``AutoModelForCausalLM`` whose attention writes through
+  ``past_key_values.update`` and accepts a 4-D mask): the model's own forward over one packed
+  sequence under a block-causal mask. Its linear layers are prepared like the native ones, but a
+  query's attention reduces over the whole packed batch, so rows may differ in the last bits with
+  the batch: speculation stays lossless in distribution, greedy output can differ at near-ties.
 """
 
 from __future__ import annotations
@@ -12,6 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from .kv_cache import PackedLayout, SlotKVCache
+from .linear_kernels import Quantize, prepare_linears
+from .native_llama import Batch, NativeLlama, Segment, supports_native
 
 
 @dataclass
@@ -19,25 +29,31 @@ class ForwardItem:
     """One request's part of a batched forward.
 
     ``start`` is how many of its tokens are already cached; ``tokens`` are fed at positions
-    ``start..start+len(tokens)-1``; logits are returned for the last ``num_logits`` of them.
+    ``start..start+len(tokens)-1``; logits are returned for the last ``num_logits`` of them. The
+    last ``num_drafts`` tokens are speculative: each is attended on its own, exactly as if it were
+    decoded alone (see ``native_llama``).
     """
 
     slot: int
     start: int
     tokens: list[int]
     num_logits: int
+    num_drafts: int = 0
 
 
 class ModelRunner:
     """Owns a model and its KV cache; turns ragged batches into one packed forward."""
 
-    def __init__(self, model: torch.nn.Module, num_slots: int, max_len: int, vocab_size: int) -> None:
-        self.model = model
+    def __init__(self, model: torch.nn.Module, num_slots: int, max_len: int, vocab_size: int,
+                 quantize: Quantize = "none", release_weights: bool = False) -> None:
+        """``release_weights``: the runner owns ``model`` and may free the original weights it
+        has copied into prepared kernels (halves peak memory); leave it off for shared models."""
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         param = next(model.parameters())
         self.device = param.device
-        # Dynamic int8 keeps fp32 activations; the cache follows the activation dtype.
-        self.dtype = param.dtype if param.dtype.is_floating_point else torch.float32
+        # int8 keeps fp32 activations; the cache follows the activation dtype.
+        self.dtype = param.dtype
+        self.quantize = quantize
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.cache = SlotKVCache(
@@ -45,12 +61,52 @@ class ModelRunner:
         )
         self.vocab_size = vocab_size
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
-        self.body = model.base_model
-        self.lm_head = model.get_output_embeddings()
+        self.native: NativeLlama | None = None
+        if supports_native(model, max_len):
+            self.native = NativeLlama(model, quantize, max_len, release=release_weights)
+            self.path = "native"
+        else:
+            prepare_linears(model, quantize)
+            self.body = model.base_model
+            self.lm_head = model.get_output_embeddings()
+            self.path = "transformers"
 
-    @torch.inference_mode()
     def forward(self, items: list[ForwardItem]) -> torch.Tensor:
         """Return float32 logits ``[sum(num_logits), vocab_size]`` in item order."""
+        if self.native is not None:
+            return self.native(self._native_batch(items), self.cache)[:, : self.vocab_size]
+        return self._packed_forward(items)
+
+    def _native_batch(self, items: list[ForwardItem]) -> Batch:
+        """Tokens, positions, cache rows, attention segments and logit rows of one forward."""
+        max_len = self.cache.max_len
+        ids: list[int] = []
+        pos: list[int] = []
+        write: list[int] = []
+        logit_rows: list[int] = []
+        segments: list[Segment] = []
+        for it in items:
+            n, base, row = len(it.tokens), it.slot * max_len, len(ids)
+            known = n - it.num_drafts
+            ids += it.tokens
+            pos += range(it.start, it.start + n)
+            write += range(base + it.start, base + it.start + n)
+            logit_rows += range(row + n - it.num_logits, row + n)
+            mask = None
+            if known > 1:
+                q_pos = torch.arange(it.start, it.start + known, device=self.device)
+                mask = torch.arange(it.start + known, device=self.device)[None, :] <= q_pos[:, None]
+            segments.append(Segment(row, known, base, it.start + known, mask))
+            segments += [Segment(row + known + j, 1, base, it.start + known + j + 1, None) for j in range(it.num_drafts)]
+
+        def t(x: list[int]) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.long, device=self.device)
+
+        return Batch(t(ids), t(pos), t(write), segments, t(logit_rows))
+
+    @torch.inference_mode()
+    def _packed_forward(self, items: list[ForwardItem]) -> torch.Tensor:
+        """The generic path: the transformers forward over one packed sequence under a 4-D mask."""
         dev = self.device
         max_len = self.cache.max_len
         tok_ids: list[int] = []

@@ -1,9 +1,14 @@
 """Continuous batching: who runs this step, and how much of whose prompt gets prefilled.
 
 FCFS. A waiting request is admitted when a cache slot is free (slots are sized from
-``max_num_seqs`` x ``max_model_len``, so a free slot is exactly "capacity allows"). Each step the
-running requests in decode go first (1 + k tokens each); the rest of the token budget prefills
-prompts in chunks, so a long prompt never stalls running streams for its whole length.
+``max_num_seqs`` x ``max_model_len``, so a free slot is exactly "capacity allows"). Each step every
+running request in decode gets 1 + k tokens, and up to ``prefill_chunk`` prompt tokens are
+prefilled, so a long prompt never stalls running streams for its whole length.
+
+Prompts are cut at fixed offsets (0, C, 2C, ...) and a chunk is scheduled whole or not at all:
+how a prompt is chunked, and so the arithmetic of its prefill, never depends on what else is
+running. Together with the batch-invariant forward this keeps a request's logits independent of
+the batch.
 """
 
 from __future__ import annotations
@@ -41,9 +46,9 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, max_num_seqs: int, prefill_chunk: int) -> None:
         self.slots = SlotAllocator(max_num_seqs)
-        self.token_budget = max_num_batched_tokens
+        self.prefill_chunk = prefill_chunk
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -61,20 +66,22 @@ class Scheduler:
             req.status = Status.RUNNING
             self.running.append(req)
         step = ScheduledStep()
-        budget = self.token_budget
-        # Decoding requests first (1 + k tokens each), then prompt chunks with what is left. A
-        # chunk that finishes its prompt may carry drafts too, so speculation starts at token 1.
+        # Decoding requests first (1 + k tokens each), then whole prompt chunks while the prefill
+        # budget lasts. A chunk that finishes its prompt may carry drafts too, so speculation
+        # starts at the first generated token.
         for req in self.running:
             if not req.in_prefill:
-                k = num_drafts(req)
-                step.items.append(ScheduledRequest(req, 1, k))
-                budget -= 1 + k
+                step.items.append(ScheduledRequest(req, 1, num_drafts(req)))
+        budget = self.prefill_chunk
         for req in self.running:
-            if req.in_prefill and budget > 0:
-                n = min(budget, req.num_tokens - req.num_computed)
-                k = num_drafts(req) if req.num_computed + n == req.num_tokens else 0
+            if req.in_prefill:
+                chunk_end = min((req.num_computed // self.prefill_chunk + 1) * self.prefill_chunk, req.num_tokens)
+                n = chunk_end - req.num_computed
+                if n > budget:
+                    break  # FCFS: a later prompt does not overtake this one
+                k = num_drafts(req) if chunk_end == req.num_tokens else 0
                 step.items.append(ScheduledRequest(req, n, k))
-                budget -= n + k
+                budget -= n
         return step
 
     def remove(self, req: Request) -> None:

@@ -157,5 +157,4 @@ def load(path: Path | str, **kwargs):
     from specdec_core.loader import load_model
 
     return load_model(str(path), role=kwargs.pop("role", "target"), device="cpu", dtype="float32",
-                      quantize=kwargs.pop("quantize", "none"),
                       cache_dir=Path(os.environ["SPECDEC_CACHE_DIR"]), progress=False, **kwargs)

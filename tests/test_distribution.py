@@ -1,7 +1,8 @@
-"""Distribution exactness of speculative sampling.
+"""Distribution exactness of speculative sampling, in every quantization mode.
 
 A 16-token target and an unrelated draft: the exact target distribution of 2-token continuations
-is enumerated, 20,000 speculative samples are drawn through the real engine (drafts for both
+is enumerated (through the same batch-invariant runner the engine uses, so in int8 it is the int8
+model's distribution), 20,000 speculative samples are drawn through the real engine (drafts for both
 positions, so acceptance, residual resampling and the bonus token all take part), and a
 chi-square test must pass. The same test shows it would catch a sampler that resamples a rejected
 draft from p instead of the residual norm(max(0, p - q)).
@@ -18,6 +19,7 @@ from scipy.stats import chisquare
 
 import specdec_core.engine as engine_module
 from specdec_core import Engine, EngineConfig, SamplingParams
+from specdec_core.model_runner import ForwardItem, ModelRunner
 from specdec_core.sampling import RowParams, sample, warp
 from specdec_core.verifier import VerifyResult, verify
 
@@ -60,18 +62,19 @@ def tiny_vocab_pair(tmp_path_factory):
     return target, draft
 
 
-def exact_two_token_distribution(model, params: SamplingParams) -> torch.Tensor:
+def exact_two_token_distribution(model, params: SamplingParams, quantize: str) -> torch.Tensor:
     """P(t1, t2 | prompt) under the warped target, as a flat [VOCAB * VOCAB] tensor."""
-    with torch.inference_mode():
-        p1 = warp(model(torch.tensor([PROMPT])).logits[0, -1:], [RowParams(params)])[0]
-        ctx = torch.tensor([PROMPT + [t] for t in range(VOCAB)])
-        p2 = warp(model(ctx).logits[:, -1], [RowParams(params)] * VOCAB)
+    run = ModelRunner(model, num_slots=VOCAB + 1, max_len=16, vocab_size=VOCAB, quantize=quantize)
+    p1 = warp(run.forward([ForwardItem(VOCAB, 0, PROMPT, 1)]), [RowParams(params)])[0]
+    logits = run.forward([ForwardItem(t, 0, PROMPT + [t], 1, num_drafts=1) for t in range(VOCAB)])
+    p2 = warp(logits, [RowParams(params)] * VOCAB)
     return (p1[:, None] * p2).flatten().double()
 
 
-def draw(target, draft, params: SamplingParams) -> torch.Tensor:
+def draw(target, draft, params: SamplingParams, quantize: str) -> torch.Tensor:
     cfg = EngineConfig(speculative_method="draft", num_speculative_tokens=2, adaptive_speculation=False,
-                       max_num_seqs=256, max_model_len=16, max_num_batched_tokens=2048, seed=1234)
+                       max_num_seqs=256, max_model_len=16, max_num_batched_tokens=2048, seed=1234,
+                       quantize=quantize)
     eng = Engine.from_loaded(cfg, target, draft)
     out = eng.generate([PROMPT] * SAMPLES, params)
     counts = torch.zeros(VOCAB * VOCAB, dtype=torch.float64)
@@ -115,11 +118,12 @@ def biased_verify(p, q, drafts, num_drafts, u_accept, u_final) -> VerifyResult:
     ],
     ids=["t1.0", "t0.7-topk8-topp0.9"],
 )
-def test_speculative_samples_match_target_distribution(tiny_vocab_pair, params, monkeypatch):
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_speculative_samples_match_target_distribution(tiny_vocab_pair, params, quantize, monkeypatch):
     target, draft = tiny_vocab_pair
-    probs = exact_two_token_distribution(target.model, params)
-    assert chi_square_p(draw(target, draft, params), probs) > 1e-3
+    probs = exact_two_token_distribution(target.model, params, quantize)
+    assert chi_square_p(draw(target, draft, params, quantize), probs) > 1e-3
 
     # Negative control: the same test rejects a sampler that is wrong after a rejection.
     monkeypatch.setattr(engine_module, "verify", biased_verify)
-    assert chi_square_p(draw(target, draft, params), probs) < 1e-3
+    assert chi_square_p(draw(target, draft, params, quantize), probs) < 1e-3

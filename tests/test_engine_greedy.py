@@ -1,4 +1,5 @@
-"""Greedy exactness: speculative output is token-identical to the target alone."""
+"""Greedy exactness: speculative output is token-identical to the target alone, in every
+quantization mode (the forward is batch-invariant, see test_batch_invariance.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ PROMPTS = [
     "the the the the the the",
 ]
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+MODES = ["none", "int8"]
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +35,10 @@ def pairs(tiny_model_factory, tiny_target, tiny_draft, tmp_path_factory):
     }
 
 
-def engine(pair, method: str, k: int = 4, **kw) -> Engine:
+def engine(pair, method: str, k: int = 4, quantize: str = "int8", **kw) -> Engine:
     target, draft = pair
-    cfg = EngineConfig(speculative_method=method, num_speculative_tokens=k, adaptive_speculation=False, seed=0, **kw)
+    cfg = EngineConfig(speculative_method=method, num_speculative_tokens=k, adaptive_speculation=False, seed=0,
+                       quantize=quantize, **kw)
     return Engine.from_loaded(cfg, target, draft if method == "draft" else None)
 
 
@@ -54,12 +57,13 @@ def run_staggered(eng: Engine, prompts: list[str], params: SamplingParams, every
     return [r.output_ids for r in reqs]
 
 
+@pytest.mark.parametrize("quantize", MODES)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_draft_greedy_equals_target_only(pairs, arch, k):
+def test_draft_greedy_equals_target_only(pairs, arch, k, quantize):
     pair = pairs[arch]
-    alone = [engine(pair, "none").generate([p], GREEDY)[0].token_ids for p in PROMPTS]
-    spec = engine(pair, "draft", k)
+    alone = [engine(pair, "none", quantize=quantize).generate([p], GREEDY)[0].token_ids for p in PROMPTS]
+    spec = engine(pair, "draft", k, quantize=quantize)
     single = [spec.generate([p], GREEDY)[0].token_ids for p in PROMPTS[:2]]
     assert single == alone[:2]
     batched = run_staggered(spec, PROMPTS, GREEDY)
@@ -71,15 +75,15 @@ def test_draft_greedy_equals_target_only(pairs, arch, k):
     assert spec.scheduler.kv_usage == 0.0
 
 
+@pytest.mark.parametrize("quantize", MODES)
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_ngram_greedy_equals_target_only(pairs, k):
+def test_ngram_greedy_equals_target_only(pairs, k, quantize):
     pair = pairs["llama"]
     prompts = PROMPTS + ["a b c d a b c d a b c d a b"]
-    alone = engine(pair, "none").generate(prompts, GREEDY)
-    spec = engine(pair, "ngram", k)
-    assert [c.token_ids for c in run_staggered(spec, prompts, GREEDY, every=1) and spec.generate(prompts, GREEDY)] == [
-        c.token_ids for c in alone
-    ]
+    alone = [c.token_ids for c in engine(pair, "none", quantize=quantize).generate(prompts, GREEDY)]
+    spec = engine(pair, "ngram", k, quantize=quantize)
+    assert run_staggered(spec, prompts, GREEDY, every=1) == alone
+    assert [c.token_ids for c in spec.generate(prompts, GREEDY)] == alone
     assert spec.metrics.total_draft_tokens > 0
 
 
@@ -126,22 +130,44 @@ def smol(smol_gguf):
     return load(smol_gguf)
 
 
-@pytest.mark.slow
-def test_real_model_matches_transformers_generate(smol):
-    """SmolLM2-135M (real weights): speculative greedy == transformers generate(do_sample=False)."""
-    from specdec_core.loader import LoadedModel
-
-    n = smol.model.config.num_hidden_layers
-    draft = LoadedModel(drop_layers(smol.model, [i for i in range(n) if i not in (n // 2 - 1, n // 2)]), smol.tokenizer, "smol-draft", smol.path)
-    tok = smol.tokenizer
+def smol_prompts(tok) -> list[str]:
     chats = [
         [{"role": "user", "content": "What is the capital of France?"}],
         [{"role": "user", "content": "Write a Python function that adds two numbers."}],
     ]
     prompts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
-    prompts.append("def is_prime(n):\n    ")
+    return prompts + ["def is_prime(n):\n    "]
+
+
+@pytest.mark.slow
+def test_real_model_int8_speculation_equals_int8_alone(smol):
+    """SmolLM2-135M in the CPU default mode (per-row int8): draft-model and n-gram speculation,
+    several requests batched together, give exactly int8 decoding's tokens."""
+    from specdec_core.loader import LoadedModel
+
+    n = smol.model.config.num_hidden_layers
+    draft = LoadedModel(drop_layers(smol.model, [i for i in range(n) if i not in (n // 2 - 1, n // 2)]), smol.tokenizer, "smol-draft", smol.path)
+    prompts = smol_prompts(smol.tokenizer)
     params = SamplingParams(max_tokens=32, temperature=0.0)
-    eng = Engine.from_loaded(EngineConfig(speculative_method="draft", num_speculative_tokens=4, adaptive_speculation=False), smol, draft)
+    off = [engine((smol, None), "none", quantize="int8").generate([p], params)[0].token_ids for p in prompts]
+    for method in ("draft", "ngram"):
+        spec = engine((smol, draft), method, 4, quantize="int8")
+        assert [c.token_ids for c in spec.generate(prompts, params)] == off
+        assert spec.metrics.total_accepted_tokens > 0
+
+
+@pytest.mark.slow
+def test_real_model_matches_transformers_generate(smol):
+    """SmolLM2-135M (real weights), fp32 native path: speculative greedy == transformers
+    generate(do_sample=False)."""
+    from specdec_core.loader import LoadedModel
+
+    n = smol.model.config.num_hidden_layers
+    draft = LoadedModel(drop_layers(smol.model, [i for i in range(n) if i not in (n // 2 - 1, n // 2)]), smol.tokenizer, "smol-draft", smol.path)
+    tok = smol.tokenizer
+    prompts = smol_prompts(tok)
+    params = SamplingParams(max_tokens=32, temperature=0.0)
+    eng = engine((smol, draft), "draft", 4, quantize="none")
     out = eng.generate(prompts, params)
     for prompt, got in zip(prompts, out):
         ids = tok(prompt, return_tensors="pt").input_ids

@@ -1,0 +1,127 @@
+"""The execution contract, checked bit for bit (``torch.equal``, no tolerance):
+
+1. a request's logits do not depend on what else is in the forward: other requests, their
+   lengths, their number of draft rows, prompt chunks beside it, the batch size (1..16);
+2. verifying drafts gives exactly the logits that decoding the same tokens one step at a time
+   gives, which is what makes greedy speculation token-identical to speculation off.
+
+For every quantization mode, on tiny random Llama and Qwen2 models and on SmolLM2-135M.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import load
+
+from specdec_core.model_runner import ForwardItem, ModelRunner
+
+MODES = ["none", "int8"]
+MAX_LEN = 160
+PROMPT_LEN = 37
+NUM_DRAFTS = 4
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model_factory, smol_gguf):
+    return {
+        "llama": load(tiny_model_factory("llama", num_layers=2, hidden=64, seed=11)),
+        "qwen2": load(tiny_model_factory("qwen2", num_layers=2, hidden=64, seed=12)),
+        "smollm2": load(smol_gguf),
+    }
+
+
+def runner(loaded, quantize: str) -> ModelRunner:
+    vocab = loaded.model.get_output_embeddings().weight.shape[0]
+    return ModelRunner(loaded.model, num_slots=17, max_len=MAX_LEN, vocab_size=vocab, quantize=quantize)
+
+
+def alone(run: ModelRunner, prompt: list[int], follow: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill ``prompt`` alone, then decode ``follow`` one token per step: the reference logits."""
+    first = run.forward([ForwardItem(0, 0, prompt, 1)])
+    steps = [run.forward([ForwardItem(0, len(prompt) + i, [t], 1)]) for i, t in enumerate(follow)]
+    return first, torch.cat(steps)
+
+
+def others(rng: random.Random, vocab: int, count: int, slots: list[int]) -> list[ForwardItem]:
+    """Unrelated work to batch beside the request: decode rows with drafts and prompt chunks."""
+    items = []
+    for slot in slots[:count]:
+        kind = rng.choice(["decode", "drafts", "chunk"])
+        start = 0 if kind == "chunk" else rng.randrange(1, MAX_LEN - 40)
+        n = rng.randint(2, 33) if kind == "chunk" else 1 + (rng.randint(1, 6) if kind == "drafts" else 0)
+        tokens = [rng.randrange(vocab) for _ in range(n)]
+        drafts = n - 1 if kind == "drafts" else 0
+        items.append(ForwardItem(slot, start, tokens, rng.choice([0, 1, n]) if kind == "chunk" else n, drafts))
+    return items
+
+
+@pytest.mark.parametrize("quantize", MODES)
+@pytest.mark.parametrize("arch", ["llama", "qwen2", pytest.param("smollm2", marks=pytest.mark.slow)])
+def test_logits_independent_of_batch_and_equal_to_plain_decoding(models, arch, quantize):
+    loaded = models[arch]
+    run = runner(loaded, quantize)
+    assert run.path == "native"
+    vocab = run.vocab_size
+    rng = random.Random(f"{arch}-{quantize}")
+    prompt = [rng.randrange(vocab) for _ in range(PROMPT_LEN)]
+    follow = [rng.randrange(vocab) for _ in range(NUM_DRAFTS + 1)]
+    ref_first, ref_steps = alone(run, prompt, follow)
+
+    # Verification of 1 known token + 4 drafts, alone: equal to 5 plain decode steps.
+    run.forward([ForwardItem(1, 0, prompt, 1)])
+    verify = run.forward([ForwardItem(1, PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)])
+    assert torch.equal(verify, ref_steps)
+
+    for batch_size in (2, 4, 9, 16):
+        slot = rng.randrange(2, 17)
+        free = [s for s in range(2, 17) if s != slot] + [0, 1]
+        before = others(rng, vocab, batch_size - 1, free)
+        after = others(rng, vocab, batch_size - 1, free)
+        at = rng.randrange(len(before) + 1)
+        # The prompt chunk (+ its first logits) beside other work, then the verification beside other work.
+        got = run.forward(before[:at] + [ForwardItem(slot, 0, prompt, 1)] + before[at:])
+        offset = sum(it.num_logits for it in before[:at])
+        assert torch.equal(got[offset:offset + 1], ref_first), f"prefill row differs at batch size {batch_size}"
+        at = rng.randrange(len(after) + 1)
+        got = run.forward(after[:at] + [ForwardItem(slot, PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)] + after[at:])
+        offset = sum(it.num_logits for it in after[:at])
+        assert torch.equal(got[offset:offset + NUM_DRAFTS + 1], ref_steps), f"verify rows differ at batch size {batch_size}"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_native_fp32_matches_transformers_forward(models, arch):
+    """The native path computes what the transformers model computes (fp32, same tokens)."""
+    loaded = models[arch]
+    run = runner(loaded, "none")
+    ids = torch.randint(0, run.vocab_size, (1, 29), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ref = loaded.model(ids).logits[0].float()
+    got = run.forward([ForwardItem(3, 0, ids[0].tolist(), 29)])
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_int8_rows_are_close_to_fp32(models):
+    """Per-row int8 stays close to the fp32 model on real weights (the quality trade-off)."""
+    loaded = models["smollm2"]
+    ids = loaded.tokenizer("def fibonacci(n):\n    if n < 2:\n        return n\n    return", return_tensors="pt").input_ids[0].tolist()
+    fp32 = runner(loaded, "none").forward([ForwardItem(0, 0, ids, len(ids))])
+    int8 = runner(loaded, "int8").forward([ForwardItem(0, 0, ids, len(ids))])
+    agree = (fp32.argmax(-1) == int8.argmax(-1)).float().mean().item()
+    assert agree >= 0.8, f"int8 top-1 agrees with fp32 on only {agree:.0%} of positions"
+
+
+@pytest.mark.slow
+def test_negative_control_drafts_attended_as_one_block_differ(models):
+    """The check above can fail: attending the drafts together with the known token (one causal
+    block, as a packed mask does) changes their logits in the last bits on real weights."""
+    run = runner(models["smollm2"], "none")
+    rng = random.Random(5)
+    prompt = [rng.randrange(run.vocab_size) for _ in range(PROMPT_LEN)]
+    follow = [rng.randrange(run.vocab_size) for _ in range(NUM_DRAFTS + 1)]
+    _, ref_steps = alone(run, prompt, follow)
+    run.forward([ForwardItem(1, 0, prompt, 1)])
+    block = run.forward([ForwardItem(1, PROMPT_LEN, follow, NUM_DRAFTS + 1, num_drafts=0)])
+    assert not torch.equal(block, ref_steps)
