@@ -89,7 +89,9 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="weight/activation dtype (default: auto)"
     )
     runtime.add_argument(
-        "--quantize", choices=("none", "int8"), help="dynamic int8 quantization of linear layers (default: none)"
+        "--quantize", choices=("auto", "none", "int8"),
+        help="linear layers: int8 (per-row activation and per-channel weight scales, batch-invariant; CPU only), "
+        "none (fp32 on CPU, bf16 on CUDA), auto = int8 on CPU, none on CUDA (default: auto)"
     )
     runtime.add_argument(
         "--max-num-seqs", type=_positive_int, help="requests decoded together in one batch (default: 8)"
