@@ -18,7 +18,7 @@ Extensions (documented in ``specdec serve --help``): ``top_k`` (0 or -1 = off),
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -30,6 +30,7 @@ MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 TOOLS_UNSUPPORTED = "Tool and function calling are not implemented."
+T = TypeVar("T")
 
 
 def invalid(message: str, **context: Any) -> PydanticCustomError:
@@ -47,7 +48,7 @@ def _nullable_optionals(schema: dict[str, Any]) -> None:
     """Say in the JSON schema what ``_null_means_absent`` does: every optional field accepts null."""
     required = set(schema.get("required", ()))
     for name, prop in schema.get("properties", {}).items():
-        if name in required or {"type": "null"} in prop.get("anyOf", ()):
+        if name in required or prop.get("type") == "null" or {"type": "null"} in prop.get("anyOf", ()):
             continue
         meta = {key: prop.pop(key) for key in ("title", "default", "description") if key in prop}
         schema["properties"][name] = {"anyOf": [prop, {"type": "null"}], **meta}
@@ -77,29 +78,27 @@ class Schema(BaseModel):
         return found
 
 
-def _refuse_nonempty(value: Any) -> Any:
-    if value:
-        raise unsupported(TOOLS_UNSUPPORTED)
-    return value
+def only_off(detail: str, *off: Any) -> BeforeValidator:
+    """For a feature this server lacks: accept only the values that leave it off (null is always
+    accepted: it means "not given"), refuse anything else by name before any type check. The
+    field's type is declared as narrowly, so the JSON schema tells clients the same."""
+
+    def check(value: Any) -> Any:
+        if not any(type(value) is type(ok) and value == ok for ok in off):
+            raise unsupported(detail)
+        return value
+
+    return BeforeValidator(check)
 
 
-def _refuse_unless_none(value: Any) -> Any:
-    if value != "none":
-        raise unsupported(TOOLS_UNSUPPORTED)
-    return value
-
-
-def _refuse(value: Any) -> Any:
-    raise unsupported(TOOLS_UNSUPPORTED)
-
-
-# A field that accepts only the "off" value of a tool-calling feature (and null).
-NoTools = Annotated[list[dict[str, Any]], BeforeValidator(_refuse_nonempty)]
-NoToolChoice = Annotated[Literal["none"], BeforeValidator(_refuse_unless_none)]
+NoTools = Annotated[list[dict[str, Any]], Field(max_length=0), only_off(TOOLS_UNSUPPORTED, [])]
+NoToolChoice = Annotated[Literal["none"], only_off(TOOLS_UNSUPPORTED, "none")]
+NoToolCalls = Annotated[None, only_off(TOOLS_UNSUPPORTED)]
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 TokenId = Annotated[int, Field(ge=0)]
-TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+NonEmptyList = Annotated[list[T], Field(min_length=1)]
+TokenIds = NonEmptyList[TokenId]
 
 
 def _is_int(value: Any) -> bool:
@@ -137,7 +136,8 @@ def _stops(value: Any) -> list[str]:
 
 
 Prompts = Annotated[
-    list[str | list[int]], PlainValidator(_prompts, json_schema_input_type=str | list[str] | TokenIds | list[TokenIds])
+    list[str | list[int]],
+    PlainValidator(_prompts, json_schema_input_type=str | NonEmptyList[str] | TokenIds | NonEmptyList[TokenIds]),
 ]
 Stops = Annotated[list[str], PlainValidator(_stops, json_schema_input_type=NonEmptyStr | list[NonEmptyStr])]
 
@@ -160,7 +160,7 @@ class GenerationRequest(Schema):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None  # accepted; only meaningful to OpenAI's abuse monitoring
-    logit_bias: dict[str, float] = {}
+    logit_bias: Annotated[dict[str, float], Field(max_length=0), only_off("", {})] = {}
     # extensions
     top_k: int = Field(0, ge=-1, description="Sample from the k most likely tokens; 0 or -1: off.")
     speculative: bool = Field(True, description="false: no speculation for this request.")
@@ -175,13 +175,6 @@ class GenerationRequest(Schema):
     def _only_when_streaming(cls, value: StreamOptions, info: ValidationInfo) -> StreamOptions:
         if info.data.get("stream") is not True:
             raise invalid("is only allowed when 'stream' is true.")
-        return value
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_logit_bias(cls, value: dict[str, float]) -> dict[str, float]:
-        if value:
-            raise unsupported("")
         return value
 
     @field_validator("num_speculative_tokens")
@@ -226,18 +219,11 @@ class CompletionRequest(GenerationRequest):
     """``POST /v1/completions``."""
 
     prompt: Prompts
-    suffix: str | None = None
+    suffix: Annotated[str, Field(max_length=0), only_off("Insertion (fill-in-the-middle) is not implemented.", "")] = ""
     max_tokens: int = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     best_of: int | None = Field(None, ge=1)
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, value: str) -> str:
-        if value:
-            raise unsupported("Insertion (fill-in-the-middle) is not implemented.")
-        return value
 
     @field_validator("echo")
     @classmethod
@@ -261,13 +247,13 @@ class CompletionRequest(GenerationRequest):
 
 
 class ContentPart(Schema):
-    type: str
+    type: Literal["text"]
     text: str
 
-    @field_validator("type")
+    @field_validator("type", mode="before")
     @classmethod
-    def _text_only(cls, value: str) -> str:
-        if value != "text":
+    def _text_only(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "text":
             raise unsupported("Content parts of type '{kind}' are not supported.", kind=value)
         return value
 
@@ -285,9 +271,9 @@ class ChatMessage(Schema):
     # A string is one text part; the parts' texts are joined (see ``text``).
     content: Annotated[list[ContentPart], BeforeValidator(_text_as_parts, json_schema_input_type=str | list[ContentPart])]
     name: str | None = None
-    tool_calls: Annotated[list[dict[str, Any]] | None, BeforeValidator(_refuse)] = None
-    tool_call_id: Annotated[str | None, BeforeValidator(_refuse)] = None
-    function_call: Annotated[dict[str, Any] | None, BeforeValidator(_refuse)] = None
+    tool_calls: NoToolCalls = None
+    tool_call_id: NoToolCalls = None
+    function_call: NoToolCalls = None
 
     @field_validator("role", mode="before")
     @classmethod
@@ -310,12 +296,14 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
-    response_format: dict[str, Any] | None = None
+    response_format: dict[str, Any] = Field(
+        {"type": "text"}, json_schema_extra={"properties": {"type": {"const": "text"}}, "required": ["type"]}
+    )
     tools: NoTools = []
     functions: NoTools = []
     tool_choice: NoToolChoice = "none"
     function_call: NoToolChoice = "none"
-    parallel_tool_calls: Annotated[bool | None, BeforeValidator(_refuse)] = None
+    parallel_tool_calls: NoToolCalls = None
 
     @field_validator("max_completion_tokens")
     @classmethod
