@@ -1,4 +1,4 @@
-"""JSON in and out through orjson (fast, and strict: NaN/Infinity are not valid request JSON)."""
+"""JSON responses through orjson (fast). Request bodies are parsed by pydantic (server.parsing)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,6 @@ def dumps(obj: Any) -> bytes:
 
 def dumps_str(obj: Any) -> str:
     return orjson.dumps(obj).decode()
-
-
-def loads(data: bytes | str) -> Any:
-    """Parse JSON; raises ``orjson.JSONDecodeError`` (a ``ValueError``) on malformed input."""
-    return orjson.loads(data)
 
 
 class JSONResponse(Response):

@@ -73,6 +73,8 @@ def to_api_error(error: ErrorDetails) -> APIError:
         message = f"{field} {error['msg']}"
     elif kind == "missing":
         message = f"{field} is required."
+    elif kind == "float_type" and json_type(value) == "integer":  # too large for a float
+        message = f"{field} is out of range, got {show(value)}."
     elif kind in _TYPE_ERRORS:
         message = f"{field} must be {_TYPE_ERRORS[kind]}, got {json_type(value)} {show(value)}."
     elif kind in _BOUNDS:

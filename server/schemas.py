@@ -28,7 +28,10 @@ from specdec_core.sampling_params import SamplingParams
 MAX_N = 128
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+# Integers are int64 (as in OpenAI's API): a bound on every integer field keeps absurd values
+# (JSON integers are unbounded) a clear range error instead of arithmetic on 4000-digit numbers.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+SEED_MIN, SEED_MAX = INT64_MIN, INT64_MAX
 TOOLS_UNSUPPORTED = "Tool and function calling are not implemented."
 T = TypeVar("T")
 
@@ -96,7 +99,7 @@ NoToolChoice = Annotated[Literal["none"], only_off(TOOLS_UNSUPPORTED, "none")]
 NoToolCalls = Annotated[None, only_off(TOOLS_UNSUPPORTED)]
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
-TokenId = Annotated[int, Field(ge=0)]
+TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
 NonEmptyList = Annotated[list[T], Field(min_length=1)]
 TokenIds = NonEmptyList[TokenId]
 
@@ -162,10 +165,10 @@ class GenerationRequest(Schema):
     user: str | None = None  # accepted; only meaningful to OpenAI's abuse monitoring
     logit_bias: Annotated[dict[str, float], Field(max_length=0), only_off("", {})] = {}
     # extensions
-    top_k: int = Field(0, ge=-1, description="Sample from the k most likely tokens; 0 or -1: off.")
+    top_k: int = Field(0, ge=-1, le=INT64_MAX, description="Sample from the k most likely tokens; 0 or -1: off.")
     speculative: bool = Field(True, description="false: no speculation for this request.")
     num_speculative_tokens: int | None = Field(
-        None, ge=0, description="Caps the draft length k for this request; 0: no speculation."
+        None, ge=0, le=INT64_MAX, description="Caps the draft length k for this request; 0: no speculation."
     )
     ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence tokens.")
     stop_token_ids: list[TokenId] = Field([], description="Token ids that end a choice (not included in it).")
@@ -220,10 +223,10 @@ class CompletionRequest(GenerationRequest):
 
     prompt: Prompts
     suffix: Annotated[str, Field(max_length=0), only_off("Insertion (fill-in-the-middle) is not implemented.", "")] = ""
-    max_tokens: int = Field(16, ge=1)
+    max_tokens: int = Field(16, ge=1, le=INT64_MAX)
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
-    best_of: int | None = Field(None, ge=1)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
 
     @field_validator("echo")
     @classmethod
@@ -254,7 +257,7 @@ class ContentPart(Schema):
     @classmethod
     def _text_only(cls, value: Any) -> Any:
         if isinstance(value, str) and value != "text":
-            raise unsupported("Content parts of type '{kind}' are not supported.", kind=value)
+            raise unsupported("Content parts of type '{kind}' are not supported.", kind=value[:40])
         return value
 
 
@@ -292,8 +295,8 @@ class ChatCompletionRequest(GenerationRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     # Neither given: as many tokens as the context allows (OpenAI's chat default).
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     response_format: dict[str, Any] = Field(

@@ -36,6 +36,8 @@ REFUSED = [
     (CompletionRequest, {**P, "n": 2**64}, "n", ["must be <= 128", str(2**64)]),
     (CompletionRequest, {**P, "seed": SEED_MAX + 1}, "seed", [f"must be <= {SEED_MAX}"]),
     (CompletionRequest, {**P, "seed": SEED_MIN - 1}, "seed", [f"must be >= {SEED_MIN}"]),
+    (CompletionRequest, b'{"prompt": "x", "max_tokens": ' + b"9" * 4300 + b"}", "max_tokens", ["must be <= 922337"]),
+    (CompletionRequest, b'{"prompt": "x", "temperature": ' + b"9" * 400 + b"}", "temperature", ["out of range"]),
     (CompletionRequest, b'{"prompt": "x", "temperature": NaN}', "temperature", ["finite number"]),
     (CompletionRequest, b'{"prompt": "x", "top_p": 1e999}', "top_p", ["finite number"]),
     (CompletionRequest, {**P, "stream": 1}, "stream", ["must be a boolean"]),
