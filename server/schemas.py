@@ -146,7 +146,9 @@ Stops = Annotated[list[str], PlainValidator(_stops, json_schema_input_type=NonEm
 
 
 class StreamOptions(Schema):
-    include_usage: bool = False
+    """Options of a streamed response (only with "stream": true)."""
+
+    include_usage: bool = Field(False, description="Send a last chunk with the usage of the whole request.")
 
 
 class GenerationRequest(Schema):
@@ -219,7 +221,7 @@ class GenerationRequest(Schema):
 
 
 class CompletionRequest(GenerationRequest):
-    """``POST /v1/completions``."""
+    """The body of POST /v1/completions: text or token-id prompts."""
 
     prompt: Prompts
     suffix: Annotated[str, Field(max_length=0), only_off("Insertion (fill-in-the-middle) is not implemented.", "")] = ""
@@ -250,6 +252,8 @@ class CompletionRequest(GenerationRequest):
 
 
 class ContentPart(Schema):
+    """One part of a message's content; only text parts are supported."""
+
     type: Literal["text"]
     text: str
 
@@ -270,6 +274,8 @@ def _text_as_parts(value: Any) -> Any:
 
 
 class ChatMessage(Schema):
+    """One message of a conversation ("developer" is read as "system")."""
+
     role: Literal["system", "developer", "user", "assistant"]
     # A string is one text part; the parts' texts are joined (see ``text``).
     content: Annotated[list[ContentPart], BeforeValidator(_text_as_parts, json_schema_input_type=str | list[ContentPart])]
@@ -291,7 +297,7 @@ class ChatMessage(Schema):
 
 
 class ChatCompletionRequest(GenerationRequest):
-    """``POST /v1/chat/completions``."""
+    """The body of POST /v1/chat/completions: messages, rendered with the model's chat template."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     # Neither given: as many tokens as the context allows (OpenAI's chat default).
