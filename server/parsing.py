@@ -57,6 +57,7 @@ def param_of(loc: tuple[int | str, ...]) -> str | None:
 
 
 def to_api_error(error: ErrorDetails) -> APIError:
+    """One pydantic error as the 400 a client gets: the field it names, and what was wrong with it."""
     kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
     param = param_of(error["loc"])
     if kind == "json_invalid":
