@@ -31,7 +31,7 @@ from .request import Request
 from .sampling import RowParams, warp
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledStep, Scheduler
-from .verifier import verify, verify_greedy
+from .verifier import VerifyResult, verify, verify_greedy
 
 log = logging.getLogger("specdec.engine")
 
@@ -178,10 +178,8 @@ class Engine:
         return outputs
 
     def _isolate_failure(self, sched: ScheduledStep, exc: Exception) -> list[RequestOutput]:
-        """A batched forward failed: nothing was committed, so retry each request on its own and
-        fail only those that still fail."""
-        for it in sched.items:
-            self._rollback_draft(it.request)
+        """The batched step failed before its commit, so no request state moved: retry each
+        request on its own and fail only those that still fail."""
         if len(sched.items) == 1:
             log.error("request %s failed", sched.items[0].request.request_id, exc_info=exc)
             return [self._fail(sched.items[0].request, exc)]
@@ -190,46 +188,53 @@ class Engine:
             try:
                 outputs += self._run(ScheduledStep([it]))
             except Exception as solo_exc:  # noqa: BLE001 - this request alone is at fault
-                self._rollback_draft(it.request)
                 log.error("request %s failed", it.request.request_id, exc_info=solo_exc)
                 outputs.append(self._fail(it.request, solo_exc))
         return outputs
 
     def _run(self, sched: ScheduledStep) -> list[RequestOutput]:
+        """Propose, score and verify without touching request state; then commit."""
         t0 = time.perf_counter()
         proposal = self._propose(sched)
         t1 = time.perf_counter()
-        fwd, verifying, drafts, rows = [], [], [], []
+        fwd, verifying = [], []
         for i, (it, d) in enumerate(zip(sched.items, proposal.tokens)):
             r = it.request
             done = it.completes
             fwd.append(ForwardItem(r.slot, r.num_computed, r.all_ids[r.num_computed:r.num_computed + it.num_new] + d,
                                    1 + len(d) if done else 0, num_drafts=len(d)))
             if done:
-                verifying.append(it)
-                drafts.append(d)
-                rows.append(i)
+                verifying.append(i)
         logits = self.target.forward(fwd)
         self.metrics.total_draft_seconds += t1 - t0
         self.metrics.total_target_seconds += time.perf_counter() - t1
-        for it in sched.items:
+        result = None
+        if verifying:
+            q = proposal.probs
+            if q is not None and len(verifying) < len(sched.items):
+                q = q[verifying]
+            result = self._verify([sched.items[i].request for i in verifying],
+                                  [proposal.tokens[i] for i in verifying], q, logits)
+        return self._commit_step(sched, proposal, verifying, result, logits)
+
+    def _commit_step(self, sched: ScheduledStep, proposal: Proposal, verifying: list[int],
+                     result: VerifyResult | None, logits: torch.Tensor) -> list[RequestOutput]:
+        """The one place where a step moves request state: cache cursors, tokens, stops."""
+        for i, it in enumerate(sched.items):
             it.request.num_computed += it.num_new
-        if not verifying:
-            return []
-        q = proposal.probs
-        if q is not None and len(rows) < len(sched.items):
-            q = q[rows]
-        result = self._verify([it.request for it in verifying], drafts, q, logits)
+            if proposal.draft_cached is not None and proposal.draft_cached[i] is not None:
+                it.request.draft_computed = proposal.draft_cached[i]
         outputs = []
         row = 0
-        for b, it in enumerate(verifying):
-            n_rows = len(drafts[b]) + 1
+        for b, i in enumerate(verifying):
+            req, drafts = sched.items[i].request, proposal.tokens[i]
+            n_rows = len(drafts) + 1
             try:
-                out = self._commit(it.request, drafts[b], result.num_accepted[b], result.final_token[b],
+                out = self._commit(req, drafts, result.num_accepted[b], result.final_token[b],  # type: ignore[union-attr]
                                    logits[row:row + n_rows])
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
-                log.error("request %s failed", it.request.request_id, exc_info=exc)
-                out = self._fail(it.request, exc)
+                log.error("request %s failed", req.request_id, exc_info=exc)
+                out = self._fail(req, exc)
             row += n_rows
             if out is not None:
                 outputs.append(out)
@@ -292,8 +297,8 @@ class Engine:
             delta += req.detokenizer.flush()
         req.all_ids += kept
         req.output_ids += kept
-        if self.proposer is not None:
-            self.proposer.commit(req)
+        # Draft-cache entries past the committed tokens belong to rejected drafts.
+        req.draft_computed = min(req.draft_computed, req.num_tokens - 1)
         st = req.stats
         st.completion_tokens += len(kept)
         st.verify_steps += 1
@@ -348,10 +353,6 @@ class Engine:
         self.metrics.total_failed += 1
         req.finish("error", error=f"internal error while processing the request: {type(exc).__name__}")
         return self._retire(req, [], "", None)
-
-    def _rollback_draft(self, req: Request) -> None:
-        limit = req.num_computed if req.in_prefill else req.num_tokens - 1
-        req.draft_computed = min(req.draft_computed, limit)
 
     # ------------------------------------------------------------------ speculation depth
 

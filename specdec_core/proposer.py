@@ -20,10 +20,14 @@ from .sampling import RowParams, sample, uniforms, warp
 @dataclass
 class Proposal:
     """``tokens[b]`` are item b's drafts (possibly fewer than asked). ``probs`` is ``[B, K, V]``
-    with the draft distributions they were sampled from, or None when q is one-hot on them."""
+    with the draft distributions they were sampled from, or None when q is one-hot on them.
+    ``draft_cached[b]``, when a draft model ran, is how many of item b's tokens its cache now holds
+    (drafts included); the engine's commit turns that into the request's ``draft_computed``. The
+    proposer itself moves no request state, so a step that fails after it leaves nothing to undo."""
 
     tokens: list[list[int]]
     probs: torch.Tensor | None
+    draft_cached: list[int | None] | None = None
 
 
 class Proposer(ABC):
@@ -33,8 +37,6 @@ class Proposer(ABC):
     def propose(self, items: list[ScheduledRequest]) -> Proposal:
         """Draft up to ``item.num_drafts`` tokens for each item and keep auxiliary state in step."""
 
-    def commit(self, req: Request) -> None:
-        """Called after the request's tokens were committed (rolls back stale draft state)."""
 
 
 class DraftModelProposer(Proposer):
@@ -54,42 +56,37 @@ class DraftModelProposer(Proposer):
         vocab = self.runner.vocab_size
         k_max = max((it.num_drafts for it in items), default=0)
         tokens: list[list[int]] = [[] for _ in items]
+        cached: list[int | None] = [None] * len(items)
         probs = torch.zeros(len(items), k_max, vocab, device=self.runner.device)
         active = [b for b, it in enumerate(items) if it.num_drafts > 0]
-        mirrored = [it for it in items if it.num_drafts == 0 and it.request.in_prefill
+        mirrored = [b for b, it in enumerate(items) if it.num_drafts == 0 and it.request.in_prefill
                     and it.request.max_spec_tokens > 0 and it.request.draft_computed == it.request.num_computed]
-        fwd = [self._catch_up(items[b], 1) for b in active] + [self._catch_up(it, 0) for it in mirrored]
+        fwd = [self._catch_up(items[b], 1) for b in active] + [self._catch_up(items[b], 0) for b in mirrored]
+        for b in mirrored:
+            cached[b] = items[b].request.num_computed + items[b].num_new
         for j in range(max(k_max, 1)):
             if j > 0:
                 active = [b for b in active if items[b].num_drafts > j]
-                fwd = [ForwardItem(items[b].request.slot, items[b].request.draft_computed, [tokens[b][-1]], 1)
-                       for b in active]
-            if not fwd:
+                fwd = [ForwardItem(items[b].request.slot, cached[b], [tokens[b][-1]], 1) for b in active]  # type: ignore[arg-type]
+            if not active:
+                if fwd:
+                    self.runner.forward(fwd)  # prompt chunks mirrored into the draft cache
                 break
             logits = self.runner.forward(fwd)
             for b in active:
-                r = items[b].request
-                r.draft_computed = r.num_computed + items[b].num_new + j
-            for it in mirrored if j == 0 else []:
-                it.request.draft_computed += it.num_new
-            if not active:
-                break
+                cached[b] = items[b].request.num_computed + items[b].num_new + j
             reqs = [items[b].request for b in active]
             q = warp(logits[: len(active)], [RowParams(r.params, r.output_ids + tokens[b] if r.params.has_penalties else None) for r, b in zip(reqs, active)])
             u = uniforms([r.generator for r in reqs], 1, q.device)[:, 0]
             for i, (b, x) in enumerate(zip(active, sample(q, u).tolist())):
                 probs[b, j] = q[i]
                 tokens[b].append(x)
-        return Proposal(tokens, probs)
+        return Proposal(tokens, probs, cached)
 
     @staticmethod
     def _catch_up(item: ScheduledRequest, num_logits: int) -> ForwardItem:
         r = item.request
         return ForwardItem(r.slot, r.draft_computed, r.all_ids[r.draft_computed:r.num_computed + item.num_new], num_logits)
-
-    def commit(self, req: Request) -> None:
-        # Draft entries beyond the committed tokens belong to rejected drafts.
-        req.draft_computed = min(req.draft_computed, req.num_tokens - 1)
 
 
 class NgramProposer(Proposer):

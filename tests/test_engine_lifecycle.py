@@ -35,6 +35,40 @@ def test_cache_returns_to_zero_after_many_rejections(pair):
     assert not eng.scheduler.running and not eng.scheduler.waiting
 
 
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_failure_after_the_target_forward_is_retried_per_request(pair, method, monkeypatch):
+    """A batched step that raises after the target forward (here: in verification, once) must
+    leave every request as it was, so the per-request retry continues exactly where it stood:
+    same tokens as a run without the fault, nobody stuck, every slot freed."""
+    import specdec_core.engine as engine_module
+
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    expected = [c.token_ids for c in make(pair, method, adaptive_speculation=False).generate(PROMPTS, params)]
+    real = engine_module.verify_greedy
+    calls = {"n": 0}
+
+    def fails_on_third_call(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected failure after the target forward")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "verify_greedy", fails_on_third_call)
+    eng = make(pair, method, adaptive_speculation=False)
+    reqs = [eng.make_request(p, params) for p in PROMPTS]
+    for r in reqs:
+        eng.add_request(r)
+    steps = 0
+    while eng.has_unfinished():
+        eng.step()
+        steps += 1
+        assert steps < 200, "a request is stuck"
+    assert calls["n"] > 3
+    assert [r.output_ids for r in reqs] == expected
+    assert all(r.finish_reason == "length" for r in reqs)
+    assert eng.scheduler.kv_usage == 0.0
+
+
 def test_prompt_longer_than_max_model_len_is_refused(pair):
     eng = make(pair, max_model_len=32)
     with pytest.raises(ValueError, match="max_model_len"):
