@@ -77,7 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--draft-model", default=None, help="draft model (needed for the draft mode unless default pair)")
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    g.add_argument("--quantize", default="none", choices=["none", "int8"])
+    g.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"],
+                   help="the servers' --quantize (default auto: per-row int8 on CPU); the transformers "
+                        "baselines get torch's dynamic int8 for int8, its closest equivalent")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-seqs", type=int, default=None, help="default: the largest concurrency level")
     g.add_argument("--server-arg", action="append", default=[], metavar="ARG",
@@ -579,9 +581,12 @@ def _load_pair(args, need_draft: bool):
         if load_model is not None:
             from specdec_core.config import default_cache_dir  # type: ignore
 
-            lm = load_model(source, role=role, device=device, dtype=args.dtype, quantize=args.quantize,
-                            cache_dir=default_cache_dir(), progress=True)
-            return lm.model, lm.tokenizer
+            from specdec_core.loader import resolve_device, resolve_dtype, resolve_quantize  # type: ignore
+
+            dev = resolve_device(device)
+            lm = load_model(source, role=role, device=dev, dtype=args.dtype, cache_dir=default_cache_dir(), progress=True)
+            mode = resolve_quantize(args.quantize, dev, resolve_dtype(args.dtype, dev))
+            return _dynamic_int8(lm.model) if mode == "int8" else lm.model, lm.tokenizer
         if source is None:
             raise RuntimeError("the embedded default pair needs specdec_core.loader; pass --model/--draft-model")
         return _load_with_transformers(source, device, args.dtype, args.quantize)
@@ -607,9 +612,16 @@ def _load_with_transformers(source: str, device: str, dtype: str, quantize: str)
         source = str(path.parent)
     tok = AutoTokenizer.from_pretrained(source, **kw)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kw).to(device).eval()
-    if quantize == "int8":
-        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    if quantize == "int8" or (quantize == "auto" and device == "cpu" and torch_dtype == torch.float32):
+        model = _dynamic_int8(model)
     return model, tok
+
+
+def _dynamic_int8(model):
+    """transformers has no per-row int8; torch's dynamic int8 is what a transformers user would run."""
+    import torch
+
+    return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
 
 
 def run_baselines(args, workloads: dict[str, list[Workload]]) -> tuple[list[Row], list[dict], list[str]]:

@@ -98,16 +98,15 @@ class ModelRunner:
                 mask = torch.arange(it.start + known, device=self.device)[None, :] <= q_pos[:, None]
             segments.append(Segment(row, known, base, it.start + known, mask))
             segments += [Segment(row + known + j, 1, base, it.start + known + j + 1, None) for j in range(it.num_drafts)]
-
-        def t(x: list[int]) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.long, device=self.device)
-
+        t = self._longs
         return Batch(t(ids), t(pos), t(write), segments, t(logit_rows))
+
+    def _longs(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
     def _packed_forward(self, items: list[ForwardItem]) -> torch.Tensor:
         """The generic path: the transformers forward over one packed sequence under a 4-D mask."""
-        dev = self.device
         max_len = self.cache.max_len
         tok_ids: list[int] = []
         tok_pos: list[int] = []
@@ -129,9 +128,7 @@ class ModelRunner:
             key_seq += [i] * end
             logit_rows += range(offset + n - it.num_logits, offset + n)
 
-        def t(x: list[int]) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.long, device=dev)
-
+        t = self._longs
         tok_pos_t, key_pos_t = t(tok_pos), t(key_pos)
         # A token sees the keys of its own request at positions <= its own.
         mask = key_pos_t[None, :] <= tok_pos_t[:, None]

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from .model_runner import ForwardItem, ModelRunner
-from .request import Request
 from .scheduler import ScheduledRequest
 from .sampling import RowParams, sample, uniforms, warp
 

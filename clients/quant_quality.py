@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""What int8 costs in quality: int8 vs fp32 next-token agreement and KL, teacher-forced.
+
+The CPU default (``--quantize auto`` = per-row int8) is lossless with respect to the *int8* model.
+This measures how far that model is from fp32 on real text: for every position of a text built from
+``clients/prompts.json`` (code-editing prompts, open prompts and chat prompts through the chat
+template, each followed by the fp32 model's own greedy continuation), the share of positions where
+both modes pick the same top-1 token, and the mean KL(fp32 || int8) in nats. Both modes run
+through the engine's own ``ModelRunner``.
+
+    python clients/quant_quality.py                      # the default pair (target and draft)
+    python clients/quant_quality.py --model SmolLM2-135M-Instruct.Q4_1.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+PROMPTS_FILE = Path(__file__).with_name("prompts.json")
+
+
+def texts(tokenizer, per_kind: int) -> list[list[int]]:
+    data = json.loads(PROMPTS_FILE.read_text())
+    out = []
+    for kind in ("code_edit", "open", "chat"):
+        for prompt in data[kind][:per_kind]:
+            if isinstance(prompt, list):
+                prompt = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+            out.append(tokenizer.encode(prompt))
+    return out
+
+
+def compare(loaded, per_kind: int, continue_tokens: int) -> dict[str, float]:
+    import torch
+
+    from specdec_core.model_runner import ForwardItem, ModelRunner
+
+    vocab = loaded.model.get_output_embeddings().weight.shape[0]
+    runners = {m: ModelRunner(loaded.model, num_slots=1, max_len=2048, vocab_size=vocab, quantize=m) for m in ("none", "int8")}
+    agree = kl = positions = 0.0
+    for ids in texts(loaded.tokenizer, per_kind):
+        seq = list(ids)
+        for _ in range(continue_tokens):  # the fp32 model's own greedy continuation
+            logits = runners["none"].forward([ForwardItem(0, 0, seq, 1)])
+            seq.append(int(logits[0].argmax()))
+        fp32 = runners["none"].forward([ForwardItem(0, 0, seq, len(seq))])
+        int8 = runners["int8"].forward([ForwardItem(0, 0, seq, len(seq))])
+        lp, lq = torch.log_softmax(fp32, -1), torch.log_softmax(int8, -1)
+        agree += (fp32.argmax(-1) == int8.argmax(-1)).sum().item()
+        kl += (lp.exp() * (lp - lq)).sum(-1).sum().item()
+        positions += len(seq)
+    return {"positions": positions, "top1_agreement": agree / positions, "kl_nats": kl / positions}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="target (default: the embedded pair, both models)")
+    p.add_argument("--per-kind", type=int, default=3, help="prompts per kind")
+    p.add_argument("--continue-tokens", type=int, default=24, help="greedy fp32 tokens appended to each prompt")
+    args = p.parse_args(argv)
+    repo_root = str(Path(__file__).resolve().parent.parent)
+    if repo_root not in sys.path:
+        sys.path.append(repo_root)
+    from specdec_core.config import default_cache_dir
+    from specdec_core.loader import load_model
+
+    roles = {"target": args.model} if args.model else {"target": None, "draft": None}
+    print("| model | positions | top-1 agreement int8 vs fp32 | mean KL(fp32 ‖ int8), nats |")
+    print("|---|---|---|---|")
+    for role, source in roles.items():
+        loaded = load_model(source, role=role, device="cpu", dtype="float32", cache_dir=default_cache_dir(), progress=False)
+        r = compare(loaded, args.per_kind, args.continue_tokens)
+        print(f"| {loaded.name} | {r['positions']:.0f} | {r['top1_agreement']:.3f} | {r['kl_nats']:.4f} |", flush=True)
+        del loaded
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Step-cost table: how the time of one forward grows with the tokens and requests in it.
+
+Speculation pays only when scoring k + 1 tokens costs about what scoring one costs, so this is the
+number to watch when changing the execution layer (``specdec_core/linear_kernels.py``,
+``native_llama.py``). For the target and the draft, in each quantization mode, it times one
+forward of ``ModelRunner`` (the engine's own) with:
+
+- one request verifying N tokens (1 known + N - 1 drafts), N in 1, 2, 3, 5, 9, 17, 33;
+- R requests of 1 and of 5 tokens each, R in 1, 4, 16;
+
+every request with ``--context`` tokens already cached. Prints median milliseconds and the ratio
+to the 1-token step, and writes JSON next to the bench results.
+
+    python clients/step_costs.py                                   # the default pair, none and int8
+    python clients/step_costs.py --model SmolLM2-135M-Instruct.Q4_1.gguf --modes int8
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+SINGLE_TOKENS = (1, 2, 3, 5, 9, 17, 33)
+BATCHES = ((1, 1), (4, 1), (16, 1), (1, 5), (4, 5), (16, 5))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="target: HF dir, cached hub id or .gguf (default: embedded pair)")
+    p.add_argument("--draft-model", default=None, help="draft (default: the embedded 0.5B with the default target)")
+    p.add_argument("--modes", default="none,int8", help="comma list of quantization modes")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--context", type=int, default=256, help="tokens already cached per request")
+    p.add_argument("--repeats", type=int, default=7, help="timed forwards per shape (median reported)")
+    p.add_argument("--out", default="bench-results", help="directory for the JSON")
+    return p.parse_args(argv)
+
+
+def time_forward(runner, items, repeats: int) -> float:
+    """Median milliseconds of ``runner.forward(items)`` after one warm-up call."""
+    import torch
+
+    def sync() -> None:
+        if runner.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    runner.forward(items)
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        runner.forward(items)
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure(loaded, quantize: str, context: int, repeats: int) -> dict[str, float]:
+    from specdec_core.model_runner import ForwardItem, ModelRunner
+
+    vocab = loaded.model.get_output_embeddings().weight.shape[0]
+    runner = ModelRunner(loaded.model, num_slots=16, max_len=context + 40, vocab_size=vocab, quantize=quantize)
+
+    def item(slot: int, n: int) -> ForwardItem:
+        return ForwardItem(slot, context, [17 + j for j in range(n)], n, num_drafts=n - 1)
+
+    costs = {f"1x{n}": time_forward(runner, [item(0, n)], repeats) for n in SINGLE_TOKENS}
+    for reqs, n in BATCHES:
+        costs.setdefault(f"{reqs}x{n}", time_forward(runner, [item(s, n) for s in range(reqs)], repeats))
+    costs["path"] = runner.path  # type: ignore[assignment]
+    del runner
+    gc.collect()
+    return costs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    repo_root = str(Path(__file__).resolve().parent.parent)
+    if repo_root not in sys.path:
+        sys.path.append(repo_root)
+    import torch
+
+    from specdec_core.config import default_cache_dir
+    from specdec_core.loader import load_model, resolve_device, resolve_dtype, resolve_quantize
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    modes = [resolve_quantize(m, device, dtype) for m in args.modes.split(",")]
+    roles = {"target": args.model}
+    if args.model is None or args.draft_model:
+        roles["draft"] = args.draft_model
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for role, source in roles.items():
+        loaded = load_model(source, role=role, device=device, dtype=dtype, cache_dir=default_cache_dir(), progress=True)
+        for mode in modes:
+            print(f"timing {role} {loaded.name} quantize={mode} ...", file=sys.stderr, flush=True)
+            table[f"{role} {loaded.name} {mode}"] = measure(loaded, mode, args.context, args.repeats)
+        del loaded
+        gc.collect()
+
+    shapes = [f"1x{n}" for n in SINGLE_TOKENS] + [f"{r}x{n}" for r, n in BATCHES if r > 1]
+    print(f"\nmedian ms per forward, {args.context} tokens cached per request; 'RxN' = R requests of N tokens"
+          f" (1 known + N-1 drafts); torch {torch.__version__}, {torch.get_num_threads()} threads, {device}")
+    print("| model, mode | path | " + " | ".join(shapes) + " | 5 tok / 1 tok |")
+    print("|---" * (len(shapes) + 3) + "|")
+    for name, costs in table.items():
+        cells = " | ".join(f"{costs[s]:.1f}" for s in shapes)
+        print(f"| {name} | {costs['path']} | {cells} | {costs['1x5'] / costs['1x1']:.2f} |")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"step-costs-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps({"context": args.context, "repeats": args.repeats, "device": str(device),
+                                "threads": torch.get_num_threads(), "table": table}, indent=1))
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
