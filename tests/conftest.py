@@ -108,6 +108,16 @@ def tiny_target(tiny_model_factory: TinyFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_server(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The shared tiny-model server (draft speculation, --max-num-seqs 8, no key, no queue limit),
+    a real ``specdec serve`` subprocess on a free loopback port, started once per session."""
+    from server_helpers import shared_server, stop_shared, tiny_args
+
+    yield shared_server("tiny", tiny_args(tiny_target, tiny_draft), tmp_path_factory.getbasetemp())
+    stop_shared("tiny")
+
+
+@pytest.fixture(scope="session")
 def tiny_draft(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path) -> Path:
     """The target with its last layer removed: agrees with it often but not always, like a real
     draft, so tests see both long accepted runs and rejections."""

@@ -19,7 +19,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
-import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Plain `pytest` puts tests/ (not the repository root) on sys.path; the in-process tests import
@@ -147,13 +146,6 @@ def tiny_args(target: Path, draft: Path, *extra: str) -> list[str]:
         "--device", "cpu", "--dtype", "float32", "--max-num-seqs", str(TINY_MAX_NUM_SEQS),
         "--max-model-len", str(TINY_MAX_MODEL_LEN), "--seed", "0", *extra,
     ]
-
-
-@pytest.fixture(scope="session")
-def tiny_server(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """The shared tiny-model server (draft speculation, --max-num-seqs 8, no key, no queue limit)."""
-    yield shared_server("tiny", tiny_args(tiny_target, tiny_draft), tmp_path_factory.getbasetemp())
-    stop_shared("tiny")
 
 
 # -- a scripted stand-in engine, served in a thread ----------------------------------------------------

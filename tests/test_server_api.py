@@ -10,7 +10,7 @@ import subprocess
 import httpx
 import openai
 import pytest
-from server_helpers import ServerProcess, metric_value, parse_sse, tiny_server  # noqa: F401 (fixture)
+from server_helpers import ServerProcess, metric_value, parse_sse
 
 MODEL = "tiny"
 PROMPT = "The quick brown fox"

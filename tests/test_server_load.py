@@ -7,7 +7,7 @@ import time
 
 import httpx
 import openai
-from server_helpers import TINY_MAX_NUM_SEQS, ServerProcess, metric_value, tiny_server  # noqa: F401 (fixture)
+from server_helpers import TINY_MAX_NUM_SEQS, ServerProcess, metric_value
 
 MODEL = "tiny"
 

@@ -8,7 +8,7 @@ import json
 import httpx
 import jsonschema
 import pytest
-from server_helpers import ServerProcess, tiny_server  # noqa: F401 (fixture)
+from server_helpers import ServerProcess
 
 from server.errors import APIError
 from server.openapi import REF, openapi_document
