@@ -125,3 +125,18 @@ def test_negative_control_drafts_attended_as_one_block_differ(models):
     run.forward([ForwardItem(1, 0, prompt, 1)])
     block = run.forward([ForwardItem(1, PROMPT_LEN, follow, NUM_DRAFTS + 1, num_drafts=0)])
     assert not torch.equal(block, ref_steps)
+
+
+def test_dense_kernel_path_in_bfloat16(tiny_model_factory):
+    """The kernel CUDA uses (plain ``F.linear`` in the model's dtype), exercised on the CPU in bf16:
+    no GPU is lent to CI, so this is what keeps the bf16 native path from rotting."""
+    loaded = load(tiny_model_factory("qwen2", num_layers=2, hidden=64, seed=12))
+    model = loaded.model.to(torch.bfloat16)  # a fresh copy: load() is not memoised
+    run = runner(loaded, "none")
+    assert run.path == "native" and run.native.lm_head.kernel == "dense"
+    ids = torch.randint(0, run.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref = model(ids).logits[0].float()
+    got = run.forward([ForwardItem(1, 0, ids[0].tolist(), 12)])
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, ref, rtol=0.05, atol=0.1)
