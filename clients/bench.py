@@ -656,12 +656,10 @@ def run_baselines(args, workloads: dict[str, list[Workload]]) -> tuple[list[Row]
         def end(self) -> None:
             pass
 
-    # Stop on every EOS id the model declares anywhere, as the server does.
-    eos_ids: set[int] = set()
-    for src in (getattr(target, "generation_config", None), target.config, tok):
-        val = getattr(src, "eos_token_id", None)
-        eos_ids.update([val] if isinstance(val, int) else list(val or []))
-    eos = sorted(eos_ids) or None
+    # Stop on the ids the server stops on (same rule, same function): otherwise the runs differ in length.
+    from specdec_core.eos import eos_token_ids  # _load_pair put the repository root on sys.path
+
+    eos = sorted(eos_token_ids(target, tok)) or None
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
     rows: list[Row] = []
     details: list[dict] = []

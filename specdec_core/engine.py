@@ -23,6 +23,7 @@ import torch
 
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
+from .eos import eos_token_ids
 from .metrics import EngineMetrics
 from .model_runner import ForwardItem, ModelRunner
 from .outputs import RequestOutput, TokenLogprob
@@ -94,7 +95,7 @@ class Engine:
         self.vocab_size = vocab
         self.max_model_len = config.max_model_len
         self.num_speculative_tokens = 0 if method == "none" else config.num_speculative_tokens
-        self.eos_ids = _eos_ids(target)
+        self.eos_ids = eos_token_ids(target.model, target.tokenizer)
         param = next(target.model.parameters())
         self.quantize = resolve_quantize(config.quantize, param.device, param.dtype)
         runner = dict(num_slots=config.max_num_seqs, max_len=config.max_model_len, vocab_size=vocab,
@@ -409,20 +410,3 @@ class Engine:
         while self.has_unfinished():
             self.step()
         return [Completion(r.request_id, r.output_ids, r.detokenizer.emitted, r.finish_reason, r.stats) for r in reqs]
-
-
-# End-of-generation tokens that checkpoints often leave out of their generation config (llama.cpp
-# stops on these too): Qwen's GGUF lists only <|im_end|>, yet <|endoftext|> ends a turn as well.
-END_OF_GENERATION_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
-
-
-def _eos_ids(target) -> set[int]:
-    vocab = target.tokenizer.get_vocab()
-    ids: set[int] = {vocab[t] for t in END_OF_GENERATION_TOKENS if t in vocab}
-    for src in (getattr(target.model, "generation_config", None), target.model.config, target.tokenizer):
-        val = getattr(src, "eos_token_id", None)
-        if isinstance(val, int):
-            ids.add(val)
-        elif isinstance(val, (list, tuple)):
-            ids.update(int(v) for v in val)
-    return ids
