@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from specdec_core.metrics import acceptance_rate
 
 PREFIX = "specdec"
 
@@ -45,7 +46,8 @@ class EngineCollector(Collector):
         yield _counter("engine_steps", "Engine steps (draft + verify rounds)", m.total_steps)
         yield _counter("spec_decode_num_draft_tokens", "Draft tokens proposed", m.total_draft_tokens)
         yield _counter("spec_decode_num_accepted_tokens", "Draft tokens accepted by the target", m.total_accepted_tokens)
-        rate = m.total_accepted_tokens / m.total_draft_tokens if m.total_draft_tokens else 0.0
+        # Computed from the totals (not ``m.acceptance_rate``): the engine contract is the counters.
+        rate = acceptance_rate(m.total_accepted_tokens, m.total_draft_tokens)
         yield _gauge("spec_decode_acceptance_rate", "Accepted / proposed draft tokens since start", rate)
         yield _accepted_histogram(list(m.accepted_histogram))
 

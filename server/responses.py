@@ -22,26 +22,16 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def speculative_summary(method: str, stats: Iterable[RequestStats | None]) -> dict[str, Any]:
-    """Speculation counters summed over a request's choices.
-
-    ``acceptance_rate`` = accepted / proposed draft tokens; ``mean_accepted_length`` = tokens
-    emitted per target verify step (1.0 means speculation bought nothing).
-    """
-    draft = accepted = steps = completion = 0
-    for s in stats:
-        if s is None:
-            continue
-        draft += s.draft_tokens
-        accepted += s.accepted_tokens
-        steps += s.verify_steps
-        completion += s.completion_tokens
+    """The ``speculative`` object: a request's choices' counters summed by the engine's own
+    ``RequestStats.total``, the ratios read from it (defined once in ``specdec_core.metrics``)."""
+    total = RequestStats.total(stats)
     return {
         "method": method,
-        "draft_tokens": draft,
-        "accepted_tokens": accepted,
-        "steps": steps,
-        "acceptance_rate": accepted / draft if draft else 0.0,
-        "mean_accepted_length": completion / steps if steps else 0.0,
+        "draft_tokens": total.draft_tokens,
+        "accepted_tokens": total.accepted_tokens,
+        "steps": total.verify_steps,
+        "acceptance_rate": total.acceptance_rate,
+        "mean_accepted_length": total.mean_accepted_length,
     }
 
 

@@ -1,8 +1,24 @@
-"""Engine-wide counters, read by the server's /metrics without touching the engine's internals."""
+"""Engine-wide counters, read by the server's /metrics without touching the engine's internals.
+
+The two speculation ratios are defined here once; per-request stats (``RequestStats``), the
+engine totals below, the response's ``speculative`` object, the request log and Prometheus all
+go through these functions, so no two reports can disagree on what "acceptance rate" means.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+def acceptance_rate(accepted_tokens: int, draft_tokens: int) -> float:
+    """Accepted / proposed draft tokens; 0.0 when nothing was proposed (speculation off)."""
+    return accepted_tokens / draft_tokens if draft_tokens else 0.0
+
+
+def mean_accepted_length(emitted_tokens: int, verify_steps: int) -> float:
+    """Tokens emitted per target verify step (accepted drafts + the target's own token); 1.0 means
+    speculation bought nothing, 0.0 that no step ran."""
+    return emitted_tokens / verify_steps if verify_steps else 0.0
 
 
 @dataclass
@@ -25,4 +41,4 @@ class EngineMetrics:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.total_accepted_tokens / self.total_draft_tokens if self.total_draft_tokens else 0.0
+        return acceptance_rate(self.total_accepted_tokens, self.total_draft_tokens)

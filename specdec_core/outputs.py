@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
+
+from .metrics import acceptance_rate, mean_accepted_length
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -33,12 +36,32 @@ class RequestStats:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+        return acceptance_rate(self.accepted_tokens, self.draft_tokens)
 
     @property
     def mean_accepted_length(self) -> float:
         """Tokens emitted per target verify step (accepted drafts + the target's own token)."""
-        return self.completion_tokens / self.verify_steps if self.verify_steps else 0.0
+        return mean_accepted_length(self.completion_tokens, self.verify_steps)
+
+    @classmethod
+    def total(cls, stats: Iterable[RequestStats | None]) -> RequestStats:
+        """The counters of several requests summed (an OpenAI request with ``n`` choices is ``n``
+        engine requests, but reports one ``speculative`` object); ``None`` (a choice that never
+        finished) counts nothing. Timestamps are per request and stay unset."""
+        total = cls()
+        for s in stats:
+            if s is None:
+                continue
+            total.prompt_tokens += s.prompt_tokens
+            total.completion_tokens += s.completion_tokens
+            total.draft_tokens += s.draft_tokens
+            total.accepted_tokens += s.accepted_tokens
+            total.verify_steps += s.verify_steps
+            for accepted, count in enumerate(s.accepted_histogram):
+                while len(total.accepted_histogram) <= accepted:
+                    total.accepted_histogram.append(0)
+                total.accepted_histogram[accepted] += count
+        return total
 
     def record_accepted(self, accepted: int) -> None:
         while len(self.accepted_histogram) <= accepted:
