@@ -82,9 +82,19 @@ class RMSNorm(torch.nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+@dataclass(frozen=True)
+class HeadShape:
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
 class DecoderLayer(torch.nn.Module):
-    def __init__(self, layer: torch.nn.Module, cfg, quantize: Quantize, release: bool) -> None:
+    """Pre-norm attention + SwiGLU MLP, with the transformers layer's weights prepared once."""
+
+    def __init__(self, layer: torch.nn.Module, shape: HeadShape, quantize: Quantize, release: bool) -> None:
         super().__init__()
+        self.shape = shape
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm = RMSNorm(layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
         self.post_norm = RMSNorm(layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
@@ -97,7 +107,9 @@ class DecoderLayer(torch.nn.Module):
                 _release(lin)
 
     def forward(self, x: torch.Tensor, batch: Batch, cos: torch.Tensor, sin: torch.Tensor,
-                keys: torch.Tensor, values: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
+                keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """``keys``/``values``: this layer's cache ``[kv_heads, slots * max_len, head_dim]``."""
+        heads, kv_heads, head_dim = self.shape.heads, self.shape.kv_heads, self.shape.head_dim
         tokens = x.shape[0]
         qkv = self.qkv(self.input_norm(x))
         q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
@@ -125,11 +137,11 @@ class NativeLlama(torch.nn.Module):
         super().__init__()
         cfg = model.config
         base = model.base_model
-        self.heads = cfg.num_attention_heads
-        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        heads = cfg.num_attention_heads
+        shape = HeadShape(heads, getattr(cfg, "num_key_value_heads", None) or heads,
+                          getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
         self.embed = base.embed_tokens.weight.detach()
-        self.layers = torch.nn.ModuleList(DecoderLayer(layer, cfg, quantize, release) for layer in base.layers)
+        self.layers = torch.nn.ModuleList(DecoderLayer(layer, shape, quantize, release) for layer in base.layers)
         self.norm = RMSNorm(base.norm.weight, base.norm.variance_epsilon)
         head = model.get_output_embeddings()
         self.lm_head: PreparedLinear = prepare_linear(head.weight, getattr(head, "bias", None), quantize)
@@ -143,7 +155,7 @@ class NativeLlama(torch.nn.Module):
         x = F.embedding(batch.input_ids, self.embed)
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
         for i, layer in enumerate(self.layers):
-            x = layer(x, batch, cos, sin, cache.keys[i], cache.values[i], self.heads, self.kv_heads, self.head_dim)
+            x = layer(x, batch, cos, sin, cache.keys[i], cache.values[i])
         return self.lm_head(self.norm(x[batch.logit_rows])).float()
 
 
