@@ -1,4 +1,4 @@
-"""OpenAI response bodies and stream chunks, plus the ``speculative`` summary and logprobs formats.
+"""OpenAI response pieces both endpoints share: the envelope, usage, ``speculative``, logprobs.
 
 Shapes follow OpenAI exactly (``text_completion``, ``chat.completion``, ``chat.completion.chunk``)
 with one addition: a ``speculative`` object on every completion and on the final streamed chunk,
@@ -94,56 +94,12 @@ def chat_logprobs(token_text: TokenText, logprobs: Sequence[TokenLogprob]) -> di
     return {"content": content}
 
 
-# -- /v1/completions ----------------------------------------------------------------------------
-
-
-def completion_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-
-
-def completion_body(
-    completion_id: str, created: int, model: str, choices: list[dict], usage_: dict | None, speculative: dict | None
-) -> dict[str, Any]:
-    return _body("text_completion", completion_id, created, model, choices, usage_, speculative)
-
-
-# -- /v1/chat/completions -----------------------------------------------------------------------
-
-
-def chat_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None) -> dict[str, Any]:
-    return {
-        "index": index,
-        "message": {"role": "assistant", "content": text},
-        "logprobs": logprobs,
-        "finish_reason": finish_reason,
-    }
-
-
-def chat_chunk_choice(
-    index: int, delta: dict[str, str], finish_reason: str | None = None, logprobs: dict | None = None
-) -> dict[str, Any]:
-    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-
-
-def chat_body(
-    completion_id: str,
-    created: int,
-    model: str,
-    choices: list[dict],
-    usage_: dict | None,
-    speculative: dict | None,
-    *,
-    chunk: bool,
-) -> dict[str, Any]:
-    obj = "chat.completion.chunk" if chunk else "chat.completion"
-    return _body(obj, completion_id, created, model, choices, usage_, speculative)
-
-
-def _body(
+def envelope(
     obj: str, completion_id: str, created: int, model: str, choices: list[dict], usage_: dict | None,
     speculative: dict | None,
 ) -> dict[str, Any]:
-    """The envelope both endpoints share; ``speculative`` is specdec's report, added when present."""
+    """The envelope both endpoints share; ``speculative`` is specdec's report, added when present.
+    The choices inside are the endpoint's own (``server.renderers``)."""
     body: dict[str, Any] = {"id": completion_id, "object": obj, "created": created, "model": model,
                             "choices": choices, "usage": usage_}
     if speculative is not None:

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import structlog
 from starlette.requests import Request
-from starlette.responses import Response
 
 from server.errors import APIError
-from server.generation import Generation, run_until_disconnect
-from server.jsonio import JSONResponse
 from server.parsing import parse_body
 from server.schemas import Schema
 from server.state import ServerState
@@ -55,20 +51,3 @@ def check_model(state: ServerState, model: str | None) -> str:
     if model is not None and model != served:
         raise APIError(404, f"The model '{model}' does not exist. This server serves '{served}'.", param="model", code="model_not_found")
     return served
-
-
-async def respond_when_done(
-    generation: Generation, request: Request, build_body: Callable[[], dict[str, Any]]
-) -> Response:
-    """The non-streamed answer: wait for every choice (closing the generation either way), then the
-    JSON body from ``build_body``. A client that went away gets 499; an engine failure is raised."""
-    try:
-        connected = await run_until_disconnect(generation, request.receive)
-    finally:
-        generation.close()
-    if not connected:
-        return Response(status_code=499)
-    failure = generation.failure()
-    if failure is not None:
-        raise failure
-    return JSONResponse(build_body())

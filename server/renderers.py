@@ -1,0 +1,129 @@
+"""How one endpoint's JSON looks: the ``Renderer`` of ``text_completion`` and of ``chat.completion``.
+
+``server.generation_response`` decides *when* a chunk or body is sent (first chunk, deltas, one
+finish chunk per choice, the usage chunk); a renderer only says *what* a choice looks like in it.
+Keeping the two apart is what lets completions and chat share one streaming path, so a fix to
+the stream (error events, usage, ``speculative``) cannot reach one endpoint and miss the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from specdec_core.outputs import TokenLogprob
+
+from server.generation import Choice
+from server.responses import CompletionLogprobs, TokenText, chat_logprobs
+
+
+class Renderer(Protocol):
+    """The endpoint-specific shapes; renderers may keep state across a stream's deltas."""
+
+    def object_name(self, *, chunk: bool) -> str:
+        """The envelope's ``object`` for a streamed chunk or a whole body."""
+        ...
+
+    def opening(self, indices: Sequence[int]) -> list[list[dict[str, Any]]]:
+        """The choices of each chunk sent before the first delta (one list per chunk)."""
+        ...
+
+    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+        """A streamed choice for one engine delta, or ``None`` when it carries nothing to send."""
+        ...
+
+    def finish(self, index: int, finish_reason: str | None) -> dict[str, Any]:
+        """The streamed choice that ends choice ``index``."""
+        ...
+
+    def choice(self, choice: Choice) -> dict[str, Any]:
+        """A finished choice in a non-streamed body."""
+        ...
+
+
+def completion_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+@dataclass
+class CompletionRenderer:
+    """``/v1/completions``: ``text_completion`` objects, legacy logprobs, optional ``echo``.
+
+    ``echoes`` maps a choice index to its echoed prompt; a stream sends each echo as a chunk of its
+    own before any delta, and logprobs ``text_offset`` counts from the start of the echo.
+    """
+
+    token_text: TokenText
+    logprobs: bool
+    echoes: dict[int, str] = field(default_factory=dict)
+    # One incremental builder per streamed choice: text_offset continues across chunks.
+    _builders: dict[int, CompletionLogprobs] = field(default_factory=dict, init=False, repr=False)
+
+    def object_name(self, *, chunk: bool) -> str:
+        return "text_completion"
+
+    def opening(self, indices: Sequence[int]) -> list[list[dict[str, Any]]]:
+        return [[completion_choice(index, prefix, None, None)] for index, prefix in sorted(self.echoes.items())]
+
+    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+        piece = None
+        if self.logprobs and logprobs:
+            builder = self._builders.get(index)
+            if builder is None:
+                builder = self._builders[index] = CompletionLogprobs(self.token_text, len(self.echoes.get(index, "")))
+            piece = builder.piece(logprobs)
+        if not text and piece is None:
+            return None
+        return completion_choice(index, text, None, piece)
+
+    def finish(self, index: int, finish_reason: str | None) -> dict[str, Any]:
+        return completion_choice(index, "", finish_reason, None)
+
+    def choice(self, choice: Choice) -> dict[str, Any]:
+        prefix = self.echoes.get(choice.index, "")
+        logprobs = None
+        if self.logprobs:
+            logprobs = CompletionLogprobs(self.token_text, len(prefix)).piece(choice.logprobs)
+        return completion_choice(choice.index, prefix + "".join(choice.text), choice.finish_reason, logprobs)
+
+
+def chat_chunk_choice(
+    index: int, delta: dict[str, str], finish_reason: str | None = None, logprobs: dict | None = None
+) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+@dataclass
+class ChatRenderer:
+    """``/v1/chat/completions``: ``chat.completion`` bodies, ``chat.completion.chunk`` deltas.
+
+    A stream opens with one chunk giving every choice its ``assistant`` role, as OpenAI does.
+    """
+
+    token_text: TokenText
+    logprobs: bool
+
+    def object_name(self, *, chunk: bool) -> str:
+        return "chat.completion.chunk" if chunk else "chat.completion"
+
+    def opening(self, indices: Sequence[int]) -> list[list[dict[str, Any]]]:
+        return [[chat_chunk_choice(index, {"role": "assistant", "content": ""}) for index in indices]]
+
+    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+        piece = chat_logprobs(self.token_text, logprobs) if self.logprobs and logprobs else None
+        if not text and piece is None:
+            return None
+        return chat_chunk_choice(index, {"content": text}, None, piece)
+
+    def finish(self, index: int, finish_reason: str | None) -> dict[str, Any]:
+        return chat_chunk_choice(index, {}, finish_reason)
+
+    def choice(self, choice: Choice) -> dict[str, Any]:
+        logprobs = chat_logprobs(self.token_text, choice.logprobs) if self.logprobs else None
+        return {
+            "index": choice.index,
+            "message": {"role": "assistant", "content": "".join(choice.text)},
+            "logprobs": logprobs,
+            "finish_reason": choice.finish_reason,
+        }
