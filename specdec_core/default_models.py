@@ -18,7 +18,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from specdec_core.loader import ModelLoadError, remove_stale_partials
+from specdec_core.model_errors import ModelLoadError
+from specdec_core.stale_partials import remove_stale_partials
 
 
 @dataclass(frozen=True)

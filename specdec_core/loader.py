@@ -22,16 +22,19 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from specdec_core import default_models
+from specdec_core.model_errors import ModelLoadError
+from specdec_core.stale_partials import remove_stale_partials
+
+__all__ = ["LoadedModel", "ModelLoadError", "convert_gguf", "load_model", "remove_stale_partials",
+           "resolve_device", "resolve_dtype", "resolve_quantize"]
+
 logger = logging.getLogger(__name__)
 
 # Shards keep the peak memory of writing a 6 GB fp32 checkpoint to roughly one shard extra.
 _SHARD_BYTES = 2 << 30
 # "org/name" or "name": anything else that does not exist locally is reported as a missing path.
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be found or loaded; the message says which path or id and why."""
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -124,8 +127,6 @@ def load_model(
 def _resolve_source(source: str | os.PathLike[str] | None, role: str, cache_dir: Path, progress: bool) -> tuple[Path, str]:
     """Map a source argument to (local HF directory, human name), converting GGUF when needed."""
     if source is None:
-        from specdec_core import default_models  # imports this module: keep the import lazy
-
         gguf = default_models.default_model_path(role, cache_dir, progress)
         return convert_gguf(gguf, cache_dir), default_models.default_model(role).name
     text = os.fspath(source)
@@ -262,26 +263,3 @@ def _save_weights(model: torch.nn.Module, out: Path) -> None:
     total = sum(t.numel() * t.element_size() for shard in shards for t in shard.values())
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
-
-
-def remove_stale_partials(directory: Path) -> None:
-    """Delete ``.*.tmp-<pid>`` leftovers of interrupted writes whose process is gone."""
-    for partial in directory.glob(".*.tmp-*"):
-        pid = partial.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _pid_alive(int(pid)):
-            if partial.is_dir():
-                shutil.rmtree(partial, ignore_errors=True)
-            else:
-                partial.unlink(missing_ok=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

