@@ -3,6 +3,15 @@
 Deltas never end inside a multi-byte character (the decoder's U+FFFD replacement is held back) and
 never show text that might turn out to be the start of a stop string; concatenated they equal
 ``tokenizer.decode(generated_ids, skip_special_tokens=True)`` cut before the first stop string.
+
+The work per step does not grow with the output: each step decodes only a short window of tokens
+(as vLLM's ``detokenize_incrementally`` does). ``prefix_offset:read_offset`` are the tokens of the
+previous step, decoded again only as context (a SentencePiece decoder drops the leading space of a
+window's first token, and a window must start on a character boundary); the text the new tokens
+add is the window's decode minus that prefix's decode. The window only moves on once its text ends
+on a whole character, so it spans more than the last step's tokens only while a character is
+incomplete (at most 3 bytes of valid UTF-8). Stop strings are searched in the new text plus the
+last ``longest stop - 1`` characters before it, which is where a stop spanning steps can start.
 """
 
 from __future__ import annotations
@@ -17,8 +26,20 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.stop = stop
         self.token_ids: list[int] = []
-        self.emitted = ""
         self._hold = max((len(s) for s in stop), default=1) - 1
+        self._pieces: list[str] = []  # the deltas returned so far
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._consumed = 0  # characters past the prefix text already taken from the current window
+        self._tail = ""  # the last ``_hold`` characters of the text searched so far
+        self._pending = ""  # searched text held back (it may be the start of a stop string)
+
+    @property
+    def emitted(self) -> str:
+        """All the text returned so far (joined on demand: only the end of a request asks)."""
+        if len(self._pieces) > 1:
+            self._pieces = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -30,42 +51,75 @@ class IncrementalDetokenizer:
         the ``n_kept``-th new token, the tokens after it are dropped, and the text is final.
         """
         start = len(self.token_ids)
-        text = self._decode(self.token_ids + new_ids)
-        if self.stop:
-            # Only text not yet emitted can hold a new stop string (the held-back tail included).
-            cut = self._find_stop(text, max(0, len(self.emitted) - self._hold))
-            if cut is not None:
-                n_kept = self._tokens_to_complete_stop(start, new_ids)
-                self.token_ids += new_ids[:n_kept]
-                return self._emit(text[:cut], final=True), n_kept
+        prefix = self._decode(self.token_ids[self._prefix_offset:self._read_offset])
         self.token_ids += new_ids
-        return self._emit(text, final=False), None
+        window = self._decode(self.token_ids[self._prefix_offset:])
+        new_text = self._new_text(window, prefix)
+        if self.stop:
+            cut = self._find_stop(self._tail + new_text)
+            if cut is not None:
+                n_kept = self._tokens_to_complete_stop(start, new_ids, prefix)
+                del self.token_ids[start + n_kept:]
+                unsent = self._pending + new_text
+                return self._emit(unsent[: cut - len(self._tail) + len(self._pending)]), n_kept
+        if not window.endswith(REPLACEMENT_CHAR):
+            # The window ends on a whole character: the next one starts at this step's tokens.
+            self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
+            self._consumed = 0
+        else:
+            self._consumed += len(new_text)
+            self._move_to_last_boundary(prefix)
+        unsent = self._pending + new_text
+        self._tail = (self._tail + new_text)[-self._hold:] if self._hold else ""
+        keep = min(self._hold_len(self._tail), len(unsent))
+        self._pending = unsent[len(unsent) - keep:] if keep else ""
+        return self._emit(unsent[: len(unsent) - keep]), None
 
     def flush(self) -> str:
         """Emit whatever was held back (the request has finished without a stop string)."""
-        return self._emit(self._decode(self.token_ids), final=True)
+        prefix = self._decode(self.token_ids[self._prefix_offset:self._read_offset])
+        window = self._decode(self.token_ids[self._prefix_offset:])
+        rest = window[len(prefix) + self._consumed:]
+        text, self._pending, self._tail = self._pending + rest, "", ""
+        self._prefix_offset = self._read_offset = len(self.token_ids)
+        self._consumed = 0
+        return self._emit(text)
 
-    def _find_stop(self, text: str, search_from: int) -> int | None:
-        hits = [i for s in self.stop if (i := text.find(s, search_from)) >= 0]
+    def _move_to_last_boundary(self, prefix: str) -> None:
+        """Start the next window at the last whole character among the last few tokens.
+
+        A character left incomplete comes from at most 3 tokens (4 bytes, at least one per token),
+        so this keeps the window from growing while chunks keep ending mid-character. (A run of
+        invalid bytes or skipped special tokens has no such boundary: the window then grows until
+        the text ends on a whole character again.)
+        """
+        ids = self.token_ids
+        for j in range(len(ids) - 1, max(self._read_offset, len(ids) - 4), -1):
+            head = self._decode(ids[self._prefix_offset:j])
+            if not head.endswith(REPLACEMENT_CHAR):
+                taken = len(prefix) + self._consumed  # characters of the window already taken
+                self._prefix_offset, self._read_offset = self._read_offset, j
+                self._consumed = taken - len(head)
+                return
+
+    def _new_text(self, window: str, prefix: str) -> str:
+        """Whole characters the window adds beyond its prefix and what was taken from it before."""
+        return window.rstrip(REPLACEMENT_CHAR)[len(prefix) + self._consumed:]
+
+    def _find_stop(self, text: str) -> int | None:
+        hits = [i for s in self.stop if (i := text.find(s)) >= 0]
         return min(hits) if hits else None
 
-    def _tokens_to_complete_stop(self, start: int, new_ids: list[int]) -> int:
+    def _tokens_to_complete_stop(self, start: int, new_ids: list[int], prefix: str) -> int:
         for n in range(1, len(new_ids) + 1):
-            if self._find_stop(self._decode(self.token_ids + new_ids[:n]), 0) is not None:
+            window = self._decode(self.token_ids[self._prefix_offset:start + n])
+            if self._find_stop(self._tail + self._new_text(window, prefix)) is not None:
                 return n
         return len(new_ids)
 
-    def _emit(self, text: str, final: bool) -> str:
-        if not final:
-            if text.endswith(REPLACEMENT_CHAR):
-                text = text.rstrip(REPLACEMENT_CHAR)
-            if self._hold:
-                text = text[: max(len(self.emitted), len(text) - self._hold_len(text))]
-        if not text.startswith(self.emitted):
-            # The decoder rewrote earlier text (rare clean-up rules); never retract what was sent.
-            return ""
-        delta = text[len(self.emitted):]
-        self.emitted = text
+    def _emit(self, delta: str) -> str:
+        if delta:
+            self._pieces.append(delta)
         return delta
 
     def _hold_len(self, text: str) -> int:
