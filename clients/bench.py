@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_sse import aconnect_sse  # SSEError is an httpx.HTTPError
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.json")
 KINDS = ("code_edit", "open", "chat")
@@ -220,19 +221,17 @@ async def stream_one(client: httpx.AsyncClient, wl: Workload, model: str, args, 
     done = False
     start = time.perf_counter()
     try:
-        async with client.stream("POST", path, json=body) as resp:
+        async with aconnect_sse(client, "POST", path, json=body) as source:
+            resp = source.response
             if resp.status_code != 200:
                 res.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode(errors='replace')[:300]}"
                 return res
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+            async for event in source.aiter_sse():
+                if event.data == "[DONE]":
                     done = True
                     break
                 now = time.perf_counter() - start
-                chunk = json.loads(data)
+                chunk = json.loads(event.data)
                 if "error" in chunk:
                     res.error = json.dumps(chunk["error"])[:300]
                     continue

@@ -28,6 +28,8 @@ import random
 import time
 from pathlib import Path
 
+import httpx
+from httpx_sse import EventSource
 from locust import HttpUser, between, task
 
 PROMPTS_FILE = Path(__file__).with_name("prompts.json")
@@ -105,17 +107,15 @@ class StreamingCompletionUser(HttpUser):
             if resp.status_code != 200:
                 resp.failure(f"HTTP {resp.status_code}: {resp.text[:200]}")
                 return
-            for raw in resp.iter_lines():
-                if not raw:
-                    continue
-                line = raw.decode() if isinstance(raw, bytes) else raw
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+            # httpx-sse parses the stream, as in the bench and the tests; locust's client is
+            # requests-based, so its bytes are handed over as they arrive.
+            events = EventSource(httpx.Response(200, headers={"content-type": "text/event-stream"},
+                                                content=resp.iter_content(chunk_size=None)))
+            for event in events.iter_sse():
+                if event.data == "[DONE]":
                     done = True
                     break
-                chunk = json.loads(data)
+                chunk = json.loads(event.data)
                 if "error" in chunk:
                     error = str(chunk["error"])
                     continue

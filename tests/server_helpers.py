@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Plain `pytest` puts tests/ (not the repository root) on sys.path; the in-process tests import
@@ -34,21 +35,16 @@ def free_port() -> int:
 
 
 def parse_sse(raw: str) -> list[str]:
-    """The ``data:`` payloads of an SSE body, in order (comments and blank lines skipped)."""
-    events, data = [], []
-    for line in raw.splitlines():
-        if line.startswith(":"):
-            continue
-        if line == "":
-            if data:
-                events.append("\n".join(data))
-                data = []
-            continue
-        assert line.startswith("data: "), f"unexpected SSE line {line!r}"
-        data.append(line[len("data: ") :])
-    if data:
-        events.append("\n".join(data))
-    return events
+    """The ``data:`` payloads of an SSE body, in order (comments and blank lines skipped).
+
+    Parsed by ``httpx-sse``, the parser the bench and the locustfile use too; the server sends data
+    fields only, so any other field is a bug. A last event without its blank line still counts.
+    """
+    response = httpx.Response(200, headers={"content-type": "text/event-stream"}, text=raw + "\n\n")
+    events = list(EventSource(response).iter_sse())
+    for event in events:
+        assert (event.event, event.id, event.retry) == ("message", "", None), f"unexpected SSE field in {event!r}"
+    return [event.data for event in events]
 
 
 def metric_value(text: str, name: str) -> float | None:
