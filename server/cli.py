@@ -13,111 +13,48 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from server.config_flags import (
+    add_flags,
+    engine_config_class,
+    flag_fields,
+    given_values,
+    parse_env_bool,
+)
+
 if TYPE_CHECKING:
     from server.settings import ServerSettings
 
 ENV_PREFIX = "SPECDEC_"
 GRACE_ENV = "SPECDEC_SHUTDOWN_GRACE"
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {value}")
-    return value
-
-
-def _log_level(text: str) -> str:
-    value = text.lower()
-    if value not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)}, got {text!r}")
-    return value
-
-
-_positive_int.__name__ = "integer >= 1"
-_non_negative_int.__name__ = "integer >= 0"
-_port.__name__ = "port"
-_log_level.__name__ = "log level"
+# --help sections, in this order; a field's metadata names its section.
+GROUPS = ("models", "runtime", "http")
 
 
 def env_name(dest: str) -> str:
     return ENV_PREFIX + dest.upper()
 
 
+def _flag_classes() -> tuple[type, type, dict[str, Any]]:
+    """``EngineConfig`` and ``ServerSettings`` (whose flags are generated from their fields), and
+    the names ``ServerSettings``' annotations need resolved."""
+    from server.settings import ServerSettings
+
+    engine_config = engine_config_class()
+    return engine_config, ServerSettings, {"EngineConfig": engine_config}
+
+
 def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    model = p.add_argument_group("models")
-    model.add_argument(
-        "--model",
-        help="target model: a local Hugging Face directory, a hub id already in the local HF cache, "
-        "or a .gguf file (default: the embedded Qwen2.5-Coder 1.5B / 0.5B pair)",
-    )
-    model.add_argument("--draft-model", help="draft model for --speculative-method draft (same forms as --model)")
-    model.add_argument(
-        "--speculative-method",
-        choices=("draft", "ngram", "none"),
-        help="how tokens are proposed: 'draft' (a draft model), 'ngram' (lookup in the request's own "
-        "tokens) or 'none' (default: draft when a draft model is given or for the default pair, else ngram)",
-    )
-    model.add_argument(
-        "--num-speculative-tokens",
-        type=_non_negative_int,
-        help="draft tokens verified per step, k (default: the engine's, 4); requests may lower it",
-    )
-    model.add_argument(
-        "--served-model-name",
-        help="the model name clients send and /v1/models lists (default: the target's name)",
-    )
+    """One flag per ``EngineConfig`` and ``ServerSettings`` field that has help metadata."""
+    groups = {name: p.add_argument_group(name) for name in GROUPS}
+    engine_config, server_settings, localns = _flag_classes()
 
-    runtime = p.add_argument_group("runtime")
-    runtime.add_argument("--device", choices=("auto", "cpu", "cuda"), help="where both models run (default: auto)")
-    runtime.add_argument(
-        "--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="weight/activation dtype (default: auto)"
-    )
-    runtime.add_argument(
-        "--quantize", choices=("auto", "none", "int8"),
-        help="linear layers: int8 (per-row activation and per-channel weight scales, batch-invariant; CPU only), "
-        "none (fp32 on CPU, bf16 on CUDA), auto = int8 on CPU, none on CUDA (default: auto)"
-    )
-    runtime.add_argument(
-        "--max-num-seqs", type=_positive_int, help="requests decoded together in one batch (default: 8)"
-    )
-    runtime.add_argument(
-        "--max-model-len", type=_positive_int, help="prompt + completion tokens per request (default: 2048)"
-    )
-    runtime.add_argument("--seed", type=int, help="engine seed for requests that give none")
+    def group(name: str) -> argparse._ArgumentGroup:
+        if name not in groups:
+            groups[name] = p.add_argument_group(name)
+        return groups[name]
 
-    http = p.add_argument_group("http")
-    http.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    http.add_argument("--port", type=_port, default=8000, help="port to listen on (default: 8000)")
-    http.add_argument(
-        "--max-queue",
-        type=_non_negative_int,
-        help="requests allowed to wait beyond --max-num-seqs running ones; more get 429 with "
-        "Retry-After (default: unlimited)",
-    )
-    http.add_argument(
-        "--api-key",
-        help="require 'Authorization: Bearer KEY' on every /v1 route (/health and /metrics stay open); "
-        f"prefer the {env_name('api_key')} variable, which keeps the key out of the process list",
-    )
-    http.add_argument(
-        "--log-level", type=_log_level, default="info", help=f"one of {', '.join(LOG_LEVELS)} (default: info)"
-    )
+    add_flags(group, engine_config)
+    add_flags(group, server_settings, localns)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             f"Every flag can also be set as an environment variable {ENV_PREFIX}<FLAG> "
             f"(e.g. --max-num-seqs as {env_name('max_num_seqs')}); a flag given on the command line wins. "
+            "An --x/--no-x flag's variable takes 1/0, true/false, yes/no or on/off. "
             f"{GRACE_ENV} (seconds, default 30) bounds how long SIGTERM waits for in-flight requests. "
             "Per-request extensions in the JSON body: 'num_speculative_tokens' (int >= 0, caps k for that "
             "request; 0 turns speculation off), 'speculative': false (speculation off), 'top_k', "
@@ -159,7 +97,10 @@ def _apply_env_defaults(sub: argparse.ArgumentParser, env: Mapping[str, str]) ->
         if raw is None or raw == "":
             continue
         try:
-            value: Any = action.type(raw) if action.type else raw
+            if isinstance(action, argparse.BooleanOptionalAction):
+                value: Any = parse_env_bool(raw)
+            else:
+                value = action.type(raw) if action.type else raw
         except (argparse.ArgumentTypeError, ValueError) as exc:
             sub.error(f"environment variable {name}: invalid value {raw!r} ({exc})")
         if action.choices is not None and value not in action.choices:
@@ -188,27 +129,12 @@ def _serve_subparser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 
 def settings_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ServerSettings:
-    """Build settings; unset engine flags keep ``EngineConfig``'s own defaults."""
-    from specdec_core.config import EngineConfig
-
-    from server.settings import ServerSettings
-
+    """Build settings from the flags that were given; the others keep the dataclasses' defaults."""
+    engine_config, server_settings, localns = _flag_classes()
     env = os.environ if env is None else env
-    engine_fields = (
-        "model",
-        "draft_model",
-        "speculative_method",
-        "num_speculative_tokens",
-        "device",
-        "dtype",
-        "quantize",
-        "max_num_seqs",
-        "max_model_len",
-        "seed",
-    )
-    engine_kwargs = {name: getattr(args, name) for name in engine_fields if getattr(args, name) is not None}
+    engine_kwargs = given_values(args, [f.name for f, _ in flag_fields(engine_config)])
     try:
-        engine = EngineConfig(**engine_kwargs)
+        engine = engine_config(**engine_kwargs)
     except ValueError as exc:
         raise SystemExit(f"specdec serve: error: {exc}") from None
     grace_raw = env.get(GRACE_ENV)
@@ -218,16 +144,10 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str] | None =
             raise ValueError
     except ValueError:
         raise SystemExit(f"specdec serve: error: {GRACE_ENV} must be seconds >= 0, got {grace_raw!r}") from None
-    return ServerSettings(
-        engine=engine,
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key or None,
-        served_model_name=args.served_model_name,
-        max_queue=args.max_queue,
-        log_level=args.log_level,
-        shutdown_grace_s=grace,
-    )
+    server_kwargs = given_values(args, [f.name for f, _ in flag_fields(server_settings, localns)])
+    if not server_kwargs.get("api_key"):
+        server_kwargs.pop("api_key", None)  # an empty key would mean "no auth" anyway: say so
+    return server_settings(engine=engine, shutdown_grace_s=grace, **server_kwargs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

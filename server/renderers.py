@@ -12,10 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from specdec_core.outputs import TokenLogprob
-
 from server.generation import Choice
 from server.responses import CompletionLogprobs, TokenText, chat_logprobs
+from specdec_core.outputs import TokenLogprob
 
 
 class Renderer(Protocol):

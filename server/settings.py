@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # importing specdec_core pulls in torch; `specdec --help` should not wait for it
     from specdec_core.config import EngineConfig
@@ -13,6 +13,14 @@ def _default_engine_config() -> EngineConfig:
     from specdec_core.config import EngineConfig
 
     return EngineConfig()
+
+
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+
+
+def _flag(help: str, **extra: object) -> dict[str, object]:
+    """``field`` metadata for a ``specdec serve`` flag (see ``server.config_flags``)."""
+    return {"help": help, "group": "http", **extra}
 
 
 @dataclass
@@ -26,12 +34,17 @@ class ServerSettings:
     """
 
     engine: EngineConfig = field(default_factory=_default_engine_config)
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    served_model_name: str | None = None
-    max_queue: int | None = None
-    log_level: str = "info"
+    host: str = field(default="127.0.0.1", metadata=_flag("address to listen on"))
+    port: int = field(default=8000, metadata=_flag("port to listen on", minimum=0, maximum=65535))
+    api_key: str | None = field(default=None, metadata=_flag(
+        "require 'Authorization: Bearer KEY' on every /v1 route (/health and /metrics stay open); "
+        "prefer the SPECDEC_API_KEY variable, which keeps the key out of the process list"))
+    served_model_name: str | None = field(default=None, metadata=_flag(
+        "the model name clients send and /v1/models lists", group="models", default_help="the target's name"))
+    max_queue: int | None = field(default=None, metadata=_flag(
+        "requests allowed to wait beyond --max-num-seqs running ones; more get 429 with Retry-After",
+        minimum=0, default_help="unlimited"))
+    log_level: LogLevel = field(default="info", metadata=_flag("server log level", ignore_case=True))
     shutdown_grace_s: float = 30.0
     # Requests larger than this are refused with 413 before they are parsed.
     max_body_bytes: int = 32 * 1024 * 1024

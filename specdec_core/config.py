@@ -19,6 +19,21 @@ def default_cache_dir() -> Path:
     return Path(root)
 
 
+def _flag(help: str, *, group: str = "runtime", default_help: str | None = None, minimum: int | None = None) -> dict:
+    """``field`` metadata that ``specdec serve`` turns into a flag (``server.config_flags``).
+
+    ``help`` is the --help text; ``default_help`` says what the default means where the value alone
+    would not (``None`` = auto, a factory); ``minimum`` is checked when the flag is parsed, so a bad
+    value fails with the flag's (or environment variable's) name. Choices come from ``Literal``.
+    """
+    meta: dict = {"help": help, "group": group}
+    if default_help is not None:
+        meta["default_help"] = default_help
+    if minimum is not None:
+        meta["minimum"] = minimum
+    return meta
+
+
 @dataclass
 class EngineConfig:
     """How to build and run one engine.
@@ -27,28 +42,48 @@ class EngineConfig:
     a ``.gguf`` file, or ``None`` for the embedded default pair (Qwen2.5-Coder 1.5B target, 0.5B
     draft). ``speculative_method=None`` picks ``draft`` when a draft model is available, else
     ``ngram``.
+
+    Every field is also a ``specdec serve`` flag (``--max-num-seqs``, env ``SPECDEC_MAX_NUM_SEQS``)
+    generated from its ``metadata``: a new field needs its help text here and nothing else.
     """
 
-    model: str | None = None
-    draft_model: str | None = None
-    speculative_method: SpeculativeMethod | None = None
-    num_speculative_tokens: int = 4
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    model: str | None = field(default=None, metadata=_flag(
+        "target model: a local Hugging Face directory, a hub id already in the local HF cache, or a .gguf file",
+        group="models", default_help="the embedded Qwen2.5-Coder 1.5B / 0.5B pair"))
+    draft_model: str | None = field(default=None, metadata=_flag(
+        "draft model for --speculative-method draft (same forms as --model)", group="models"))
+    speculative_method: SpeculativeMethod | None = field(default=None, metadata=_flag(
+        "how tokens are proposed: 'draft' (a draft model), 'ngram' (lookup in the request's own tokens) or 'none'",
+        group="models", default_help="draft when a draft model is given or for the default pair, else ngram"))
+    num_speculative_tokens: int = field(default=4, metadata=_flag(
+        "draft tokens verified per step, k; requests may lower it", group="models", minimum=0))
+    device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata=_flag("where both models run"))
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(default="auto", metadata=_flag(
+        "weight/activation dtype"))
     # "auto": per-row int8 on the CPU (fast, batch-invariant), none (bf16) on CUDA.
-    quantize: Literal["auto", "none", "int8"] = "auto"
-    max_num_seqs: int = 8
-    max_model_len: int = 2048
+    quantize: Literal["auto", "none", "int8"] = field(default="auto", metadata=_flag(
+        "linear layers: int8 (per-row activation and per-channel weight scales, batch-invariant; CPU only), "
+        "none (fp32 on CPU, bf16 on CUDA), auto = int8 on CPU, none on CUDA"))
+    max_num_seqs: int = field(default=8, metadata=_flag("requests decoded together in one batch", minimum=1))
+    max_model_len: int = field(default=2048, metadata=_flag("prompt + completion tokens per request", minimum=1))
     # Prompt tokens prefilled per step. Prompts are cut into chunks of this size at fixed offsets
     # (0, C, 2C, ...), so how a prompt is chunked never depends on what else is running.
-    max_num_batched_tokens: int = 512
-    ngram_min: int = 1
-    ngram_max: int = 4
-    seed: int | None = None
-    cache_dir: Path = field(default_factory=default_cache_dir)
+    max_num_batched_tokens: int = field(default=512, metadata=_flag(
+        "prompt tokens prefilled per engine step (long prompts are prefilled in chunks of this size)", minimum=1))
+    ngram_min: int = field(default=1, metadata=_flag(
+        "shortest suffix --speculative-method ngram looks up in the request's tokens", group="models", minimum=1))
+    ngram_max: int = field(default=4, metadata=_flag(
+        "longest suffix --speculative-method ngram looks up (tried first)", group="models", minimum=1))
+    seed: int | None = field(default=None, metadata=_flag(
+        "engine seed for requests that give none", default_help="seeded from the clock at startup"))
+    cache_dir: Path = field(default_factory=default_cache_dir, metadata=_flag(
+        "where converted GGUF weights and the assembled default pair are kept",
+        default_help="$XDG_CACHE_HOME/specdec, i.e. ~/.cache/specdec"))
     # Adapt the number of draft tokens per request to its observed acceptance (never above
     # num_speculative_tokens). Does not affect losslessness, only speed.
-    adaptive_speculation: bool = True
+    adaptive_speculation: bool = field(default=True, metadata=_flag(
+        "adapt each request's draft length to its observed acceptance (never above --num-speculative-tokens); "
+        "changes speed only, never the output", group="models"))
 
     def __post_init__(self) -> None:
         if self.speculative_method not in (None, "draft", "ngram", "none"):

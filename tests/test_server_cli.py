@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -13,7 +14,8 @@ from server.cli import parse_serve_args, settings_from_args
 FLAGS = [
     "--model", "--draft-model", "--speculative-method", "--num-speculative-tokens", "--host", "--port",
     "--device", "--dtype", "--quantize", "--max-num-seqs", "--max-model-len", "--max-queue", "--api-key",
-    "--served-model-name", "--seed", "--log-level",
+    "--served-model-name", "--seed", "--log-level", "--max-num-batched-tokens", "--ngram-min", "--ngram-max",
+    "--adaptive-speculation", "--no-adaptive-speculation", "--cache-dir",
 ]
 
 
@@ -23,7 +25,7 @@ def test_help_documents_every_flag_and_its_variable() -> None:
     ).stdout
     for flag in FLAGS:
         assert flag in out, flag
-        assert "SPECDEC_" + flag[2:].upper().replace("-", "_") in out
+        assert "SPECDEC_" + flag[2:].upper().replace("-", "_").removeprefix("NO_") in out
     assert "num_speculative_tokens" in out and "'speculative': false" in out
 
 
@@ -94,3 +96,59 @@ def test_bad_grace_period_is_refused() -> None:
 def test_api_key_is_not_in_settings_repr() -> None:
     s = settings_from_args(parse_serve_args(["serve", "--api-key", "sk-very-secret"], env={}), env={})
     assert "sk-very-secret" not in repr(s)
+
+
+def test_every_engine_config_field_is_a_flag_with_a_variable() -> None:
+    """The flags are generated from EngineConfig: a new field cannot be forgotten on the CLI."""
+    from server.cli import _serve_subparser, build_parser
+    from specdec_core.config import EngineConfig
+
+    help_text = _serve_subparser(build_parser()).format_help()
+    for f in dataclasses.fields(EngineConfig):
+        assert "help" in f.metadata, f"EngineConfig.{f.name} has no --help text"
+        flag, env = "--" + f.name.replace("_", "-"), "SPECDEC_" + f.name.upper()
+        assert flag in help_text and env in help_text, f.name
+
+
+def test_new_engine_flags_reach_the_engine_config() -> None:
+    argv = ["serve", "--max-num-batched-tokens", "64", "--ngram-max", "3", "--no-adaptive-speculation",
+            "--ngram-min", "2", "--cache-dir", "/tmp/specdec-cache"]
+    e = settings_from_args(parse_serve_args(argv, env={}), env={}).engine
+    assert (e.max_num_batched_tokens, e.ngram_min, e.ngram_max, e.adaptive_speculation) == (64, 2, 3, False)
+    assert str(e.cache_dir) == "/tmp/specdec-cache"
+    # Not given: the dataclass default (on), not argparse's.
+    assert settings_from_args(parse_serve_args(["serve"], env={}), env={}).engine.adaptive_speculation is True
+
+
+@pytest.mark.parametrize("raw,expected", [("0", False), ("false", False), ("off", False), ("1", True), ("Yes", True)])
+def test_boolean_flag_from_environment(raw: str, expected: bool) -> None:
+    env = {"SPECDEC_ADAPTIVE_SPECULATION": raw}
+    assert settings_from_args(parse_serve_args(["serve"], env=env), env=env).engine.adaptive_speculation is expected
+    # The command line still wins.
+    flag = "--adaptive-speculation" if not expected else "--no-adaptive-speculation"
+    assert settings_from_args(parse_serve_args(["serve", flag], env=env), env=env).engine.adaptive_speculation is not expected
+
+
+@pytest.mark.parametrize(
+    "env", [{"SPECDEC_ADAPTIVE_SPECULATION": "maybe"}, {"SPECDEC_MAX_NUM_BATCHED_TOKENS": "0"}, {"SPECDEC_NGRAM_MAX": "x"}]
+)
+def test_bad_new_variables_name_the_variable(env: dict, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_serve_args(["serve"], env=env)
+    assert exc.value.code == 2
+    assert next(iter(env)) in capsys.readouterr().err
+
+
+def test_inconsistent_engine_values_are_refused_by_the_engine_config() -> None:
+    with pytest.raises(SystemExit, match="ngram_min <= ngram_max"):
+        settings_from_args(parse_serve_args(["serve", "--ngram-min", "5", "--ngram-max", "3"], env={}), env={})
+
+
+def test_parsing_does_not_import_torch() -> None:
+    """--help and argument parsing must stay instant: EngineConfig is read without the engine."""
+    code = (
+        "import sys; from server.cli import build_parser, parse_serve_args, settings_from_args; "
+        "build_parser().format_help(); settings_from_args(parse_serve_args(['serve'], env={}), env={}); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
