@@ -1,0 +1,190 @@
+"""Same-run transformers baselines at concurrency 1: ``generate()``, assisted generation with the
+draft model and prompt lookup, on the same prompts and models as the servers."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .progress import log, progress
+from .report import Row, fmt, summarize
+from .workload import RequestResult, Workload
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_pair(args, need_draft: bool):
+    """Target (and draft) through specdec's own loader when present, else plain transformers."""
+    import torch
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
+        sys.path.append(str(REPO_ROOT))
+    try:
+        from specdec_core.loader import load_model  # type: ignore
+
+        log("baselines load their models through specdec_core.loader.load_model (converted-weights cache)")
+    except ImportError as exc:
+        load_model = None
+        log(f"specdec_core.loader is not importable ({exc}); loading baselines with transformers directly")
+
+    def load(source: str | None, role: str):
+        if load_model is not None:
+            from specdec_core.config import default_cache_dir  # type: ignore
+
+            from specdec_core.loader import resolve_device, resolve_dtype, resolve_quantize  # type: ignore
+
+            dev = resolve_device(device)
+            lm = load_model(source, role=role, device=dev, dtype=args.dtype, cache_dir=default_cache_dir(), progress=True)
+            mode = resolve_quantize(args.quantize, dev, resolve_dtype(args.dtype, dev))
+            return _dynamic_int8(lm.model) if mode == "int8" else lm.model, lm.tokenizer
+        if source is None:
+            raise RuntimeError("the embedded default pair needs specdec_core.loader; pass --model/--draft-model")
+        return _load_with_transformers(source, device, args.dtype, args.quantize)
+
+    target, tok = load(args.model, "target")
+    draft = None
+    if need_draft:
+        if args.model is None or args.draft_model:
+            draft, _ = load(args.draft_model, "draft")
+    return target, draft, tok, device
+
+
+def _load_with_transformers(source: str, device: str, dtype: str, quantize: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+        dtype, torch.bfloat16 if device == "cuda" else torch.float32)
+    path = Path(source)
+    kw: dict[str, Any] = {}
+    if path.suffix == ".gguf":
+        kw["gguf_file"] = path.name
+        source = str(path.parent)
+    tok = AutoTokenizer.from_pretrained(source, **kw)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kw).to(device).eval()
+    if quantize == "int8" or (quantize == "auto" and device == "cpu" and torch_dtype == torch.float32):
+        model = _dynamic_int8(model)
+    return model, tok
+
+
+def _dynamic_int8(model):
+    """transformers has no per-row int8; torch's dynamic int8 is what a transformers user would run."""
+    import torch
+
+    return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def run_baselines(args, workloads: dict[str, list[Workload]]) -> tuple[list[Row], list[dict], list[str]]:
+    import torch
+    from transformers import GenerationConfig
+    from transformers.generation.streamers import BaseStreamer
+
+    notes: list[str] = []
+    wanted = list(args.baselines)
+    need_draft = "hf_assisted" in wanted
+    log(f"loading models for the transformers baselines ({', '.join(wanted)})")
+    target, draft, tok, device = _load_pair(args, need_draft)
+    if "hf_assisted" in wanted and draft is None:
+        wanted.remove("hf_assisted")
+        notes.append("hf_assisted skipped: no draft model (pass --draft-model)")
+    k = args.num_speculative_tokens or 4
+
+    class Timer(BaseStreamer):
+        def __init__(self, start: float) -> None:
+            self.start = start
+            self.times: list[float] = []
+            self.counts: list[int] = []
+            self.prompt_seen = False
+
+        def put(self, value) -> None:
+            if not self.prompt_seen:  # generate() first hands over the prompt
+                self.prompt_seen = True
+                return
+            self.times.append(time.perf_counter() - self.start)
+            self.counts.append(int(value.numel()))
+
+        def end(self) -> None:
+            pass
+
+    # Stop on the ids the server stops on (same rule, same function): otherwise the runs differ in length.
+    from specdec_core.eos import eos_token_ids  # _load_pair put the repository root on sys.path
+
+    eos = sorted(eos_token_ids(target, tok)) or None
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
+    rows: list[Row] = []
+    details: list[dict] = []
+    def extra_for(name: str) -> dict[str, Any]:
+        if name == "hf_assisted":
+            return {"assistant_model": draft}
+        if name == "hf_prompt_lookup":
+            return {"prompt_lookup_num_tokens": k}
+        return {}
+
+    for name in wanted:
+        # Untimed warm-up, as for the servers: first-call costs stay out of the numbers.
+        warm = {kk: v.to(device) for kk, v in tok("Hello, my name is", return_tensors="pt").items()}
+        with torch.inference_mode():
+            target.generate(**warm, generation_config=GenerationConfig(
+                max_new_tokens=4, do_sample=False, eos_token_id=eos, pad_token_id=pad,
+                temperature=None, top_p=None, top_k=None), **extra_for(name))
+        for kind, wls in workloads.items():
+            results: list[RequestResult] = []
+            bar = progress(len(wls), f"{name:>16} {kind:<9} c=1")
+            t0 = time.perf_counter()
+            for wl in wls:
+                if kind == "chat":
+                    text = tok.apply_chat_template(wl.prompt, tokenize=False, add_generation_prompt=True)
+                    enc = tok(text, return_tensors="pt", add_special_tokens=False)
+                else:
+                    enc = tok(wl.prompt, return_tensors="pt")
+                enc = {kk: v.to(device) for kk, v in enc.items()}
+                gen = GenerationConfig(
+                    max_new_tokens=args.max_tokens, eos_token_id=eos, pad_token_id=pad,
+                    do_sample=args.temperature > 0, temperature=args.temperature if args.temperature > 0 else None,
+                    top_p=None, top_k=None,
+                )
+                extra = extra_for(name)
+                if args.temperature > 0:
+                    torch.manual_seed(args.seed + wl.index)
+                start = time.perf_counter()
+                timer = Timer(start)
+                res = RequestResult(kind, wl.index)
+                try:
+                    with torch.inference_mode():
+                        out = target.generate(**enc, generation_config=gen, streamer=timer, **extra)
+                    new = out[0, enc["input_ids"].shape[1]:].tolist()
+                    res.ok = True
+                    res.completion_tokens = len(new)
+                    res.prompt_tokens = int(enc["input_ids"].shape[1])
+                    res.text = tok.decode(new, skip_special_tokens=True)
+                    res.chunk_times = timer.times
+                    res.ttft = timer.times[0] if timer.times else None
+                    if name != "hf":
+                        res.speculative = None  # transformers does not report acceptance per request
+                except Exception as exc:  # noqa: BLE001 - a baseline failure is reported, not fatal
+                    res.error = f"{type(exc).__name__}: {exc}"
+                res.latency = time.perf_counter() - start
+                results.append(res)
+                bar.update(1)
+            duration = time.perf_counter() - t0
+            bar.close()
+            row = summarize(name, kind, 1, results, duration)
+            rows.append(row)
+            log(f"{name} {kind} c=1: {row.output_tok_s:.2f} tok/s, TTFT p50 {fmt(row.ttft_p50_ms)} ms, "
+                f"TPOT p50 {fmt(row.tpot_p50_ms)} ms")
+            if row.failed:
+                notes.append(f"{name} {kind}: {row.failed} failures: {row.errors}")
+            for r in results:
+                d = asdict(r)
+                d.update(mode=name, concurrency=1)
+                details.append(d)
+    if args.temperature == 0:
+        notes.append("baseline ITL/TPOT: hf streams one token per step; hf_assisted/hf_prompt_lookup stream "
+                     "each accepted run as one chunk")
+    return rows, details, notes

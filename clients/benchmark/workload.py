@@ -1,0 +1,201 @@
+"""Load generation: the prompt workloads, the closed-loop httpx streaming client and the
+per-request results it records."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from httpx_sse import aconnect_sse  # SSEError is an httpx.HTTPError
+
+from .progress import log, progress
+from .report import Row, fmt, summarize
+
+PROMPTS_FILE = Path(__file__).resolve().parent.parent / "prompts.json"
+KINDS = ("code_edit", "open", "chat")
+
+
+@dataclass
+class Workload:
+    kind: str
+    index: int
+    prompt: Any  # str for completions, a list of messages for chat
+
+
+def load_workloads(kinds: list[str], num_prompts: int | None) -> dict[str, list[Workload]]:
+    data = json.loads(PROMPTS_FILE.read_text())
+    out: dict[str, list[Workload]] = {}
+    for kind in kinds:
+        items = data[kind][:num_prompts] if num_prompts else data[kind]
+        out[kind] = [Workload(kind, i, item) for i, item in enumerate(items)]
+    return out
+
+
+@dataclass
+class RequestResult:
+    kind: str
+    prompt_index: int
+    ok: bool = False
+    error: str | None = None
+    ttft: float | None = None  # seconds
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk with text, from start
+    latency: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    speculative: dict | None = None
+    text: str = ""
+
+
+def request_body(wl: Workload, model: str, args: argparse.Namespace, extra: dict) -> tuple[str, dict]:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if args.temperature > 0:
+        body["seed"] = args.seed + wl.index
+    body.update(extra)
+    if wl.kind == "chat":
+        body["messages"] = wl.prompt
+        return "/v1/chat/completions", body
+    body["prompt"] = wl.prompt
+    return "/v1/completions", body
+
+
+async def stream_one(client: httpx.AsyncClient, wl: Workload, model: str, args, extra: dict) -> RequestResult:
+    path, body = request_body(wl, model, args, extra)
+    res = RequestResult(wl.kind, wl.index)
+    parts: list[str] = []
+    done = False
+    start = time.perf_counter()
+    try:
+        async with aconnect_sse(client, "POST", path, json=body) as source:
+            resp = source.response
+            if resp.status_code != 200:
+                res.error = f"HTTP {resp.status_code}: {(await resp.aread()).decode(errors='replace')[:300]}"
+                return res
+            async for event in source.aiter_sse():
+                if event.data == "[DONE]":
+                    done = True
+                    break
+                now = time.perf_counter() - start
+                chunk = json.loads(event.data)
+                if "error" in chunk:
+                    res.error = json.dumps(chunk["error"])[:300]
+                    continue
+                for choice in chunk.get("choices") or []:
+                    text = choice.get("text")
+                    if text is None:
+                        text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        if res.ttft is None:
+                            res.ttft = now
+                        if not res.chunk_times or res.chunk_times[-1] != now:
+                            res.chunk_times.append(now)
+                        parts.append(text)
+                    if choice.get("finish_reason"):
+                        res.finish_reason = choice["finish_reason"]
+                if chunk.get("usage"):
+                    res.prompt_tokens = chunk["usage"].get("prompt_tokens")
+                    res.completion_tokens = chunk["usage"].get("completion_tokens")
+                if chunk.get("speculative"):
+                    res.speculative = chunk["speculative"]
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        res.error = f"{type(exc).__name__}: {exc}"
+    res.latency = time.perf_counter() - start
+    res.text = "".join(parts)
+    if res.error is None and not done:
+        res.error = "stream ended without data: [DONE]"
+    res.ok = res.error is None
+    if res.completion_tokens is None and res.ok:
+        res.completion_tokens = len(res.chunk_times)  # no usage chunk: a lower bound
+    return res
+
+
+async def run_level(
+    client: httpx.AsyncClient, model: str, workloads: list[Workload], concurrency: int, n_requests: int,
+    args, extra: dict, desc: str,
+) -> tuple[list[RequestResult], float]:
+    todo = list(range(n_requests))
+    results: list[RequestResult] = []
+    bar = progress(n_requests, desc)
+
+    async def worker() -> None:
+        while todo:
+            i = todo.pop(0)
+            results.append(await stream_one(client, workloads[i % len(workloads)], model, args, extra))
+            bar.update(1)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, n_requests))))
+    duration = time.perf_counter() - start
+    bar.close()
+    return results, duration
+
+
+def _headers(args) -> dict:
+    return {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+
+
+async def server_info(base_url: str, args) -> tuple[str, str | None]:
+    """The served model name and the server's speculative method (from a tiny probe request)."""
+    async with httpx.AsyncClient(base_url=base_url, headers=_headers(args), timeout=600) as c:
+        r = await c.get("/v1/models")
+        r.raise_for_status()
+        model = r.json()["data"][0]["id"]
+        r = await c.post("/v1/completions", json={"model": model, "prompt": "Hello", "max_tokens": 4, "temperature": 0})
+        r.raise_for_status()
+        method = (r.json().get("speculative") or {}).get("method")
+    return model, method
+
+
+async def warm_up(client: httpx.AsyncClient, model: str, args, kinds: list[str]) -> None:
+    """Untimed requests so that first-call costs (allocations, kernels) stay out of the numbers."""
+    for kind in kinds:
+        wl = Workload(kind, 0, [{"role": "user", "content": "Hi"}] if kind == "chat" else "Hello, my name is")
+        saved = args.max_tokens
+        args.max_tokens = 8
+        try:
+            res = await stream_one(client, wl, model, args, {})
+        finally:
+            args.max_tokens = saved
+        if not res.ok:
+            raise RuntimeError(f"warm-up request failed: {res.error}")
+
+
+async def bench_server(
+    base_url: str, mode: str, extra: dict, model: str, workloads: dict[str, list[Workload]], args,
+) -> tuple[list[Row], list[dict]]:
+    rows: list[Row] = []
+    details: list[dict] = []
+    conns = max(args.concurrency) + 4
+    limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns)
+    timeout = httpx.Timeout(args.request_timeout, connect=30.0)
+    async with httpx.AsyncClient(base_url=base_url, headers=_headers(args), timeout=timeout, limits=limits) as client:
+        await warm_up(client, model, args, list(workloads))
+        for kind, wls in workloads.items():
+            for c in args.concurrency:
+                n = args.requests_per_level or max(len(wls), c)
+                results, duration = await run_level(
+                    client, model, wls, c, n, args, extra, desc=f"{mode:>5} {kind:<9} c={c:<3}"
+                )
+                row = summarize(mode, kind, c, results, duration)
+                rows.append(row)
+                log(f"{mode} {kind} c={c}: {row.output_tok_s:.2f} tok/s, TTFT p50 {fmt(row.ttft_p50_ms)} ms, "
+                    f"TPOT p50 {fmt(row.tpot_p50_ms)} ms, acceptance {fmt(row.acceptance_rate, '.2f')}")
+                for r in results:
+                    d = asdict(r)
+                    d.update(mode=mode, concurrency=c)
+                    details.append(d)
+                if row.failed:
+                    log(f"{mode} {kind} c={c}: {row.failed}/{row.requests} requests failed: {row.errors}")
+    return rows, details
