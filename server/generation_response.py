@@ -21,8 +21,8 @@ from server.engine import EngineLike
 from server.generation import Generation, Job, run_until_disconnect
 from server.jsonio import JSONResponse
 from server.renderers import Renderer
+from server.request_log import request_id, request_log
 from server.responses import envelope, usage
-from server.routes.common import request_id, request_log
 from server.state import ServerState
 from server.streaming import GenerationStream
 

@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 import structlog
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.metrics import ServerMetrics
@@ -23,6 +24,17 @@ log = structlog.get_logger("specdec.request")
 QUIET_PATHS = frozenset({"/health", "/metrics"})
 # Metric labels: known routes by name, anything else lumped together (bounded cardinality).
 KNOWN_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/openapi.json"})
+
+
+def request_log(request: Request) -> dict[str, Any]:
+    """The per-request log fields (see this module); a fresh dict outside the middleware."""
+    state = request.scope.setdefault("state", {})
+    return state.setdefault("log", {})
+
+
+def request_id(request: Request) -> str:
+    """The id the middleware gave this request; "unknown" outside it (an app built without it)."""
+    return request.scope.get("state", {}).get("request_id") or "unknown"
 
 
 def route_label(path: str) -> str:

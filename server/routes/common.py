@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import structlog
 from starlette.requests import Request
 
 from server.errors import APIError
 from server.parsing import parse_body
+from server.request_log import request_id, request_log
 from server.schemas import Schema
 from server.state import ServerState
 
@@ -21,16 +22,6 @@ MAX_LOGGED_FIELDS, MAX_FIELD_NAME = 20, 80
 
 def server_state(request: Request) -> ServerState:
     return request.app.state.server
-
-
-def request_log(request: Request) -> dict[str, Any]:
-    """The per-request log fields (see server.request_log); a fresh dict outside the middleware."""
-    state = request.scope.setdefault("state", {})
-    return state.setdefault("log", {})
-
-
-def request_id(request: Request) -> str:
-    return request.scope.get("state", {}).get("request_id") or "unknown"
 
 
 async def read_request(request: Request, schema: type[S]) -> S:

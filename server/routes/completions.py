@@ -32,7 +32,7 @@ async def create_completion(request: Request) -> Response:
     prompt_ids = [tokenize_prompt(tokenizer, p, engine.vocab_size) for p in req.prompt]
     jobs: list[Job] = []
     echoes: dict[int, str] = {}
-    for p, (prompt, ids) in enumerate(zip(req.prompt, prompt_ids)):
+    for p, (prompt, ids) in enumerate(zip(req.prompt, prompt_ids, strict=True)):
         budget = resolve_max_tokens(
             len(ids), req.max_tokens, engine.max_model_len, prompt_param="prompt", tokens_param="max_tokens"
         )
