@@ -62,13 +62,7 @@ class IncrementalDetokenizer:
                 del self.token_ids[start + n_kept:]
                 unsent = self._pending + new_text
                 return self._emit(unsent[: cut - len(self._tail) + len(self._pending)]), n_kept
-        if not window.endswith(REPLACEMENT_CHAR):
-            # The window ends on a whole character: the next one starts at this step's tokens.
-            self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
-            self._consumed = 0
-        else:
-            self._consumed += len(new_text)
-            self._move_to_last_boundary(prefix)
+        self._advance(window, prefix, new_text)
         unsent = self._pending + new_text
         self._tail = (self._tail + new_text)[-self._hold:] if self._hold else ""
         keep = min(self._hold_len(self._tail), len(unsent))
@@ -84,6 +78,17 @@ class IncrementalDetokenizer:
         self._prefix_offset = self._read_offset = len(self.token_ids)
         self._consumed = 0
         return self._emit(text)
+
+    def _advance(self, window: str, prefix: str, new_text: str) -> None:
+        if len(self.token_ids) == self._read_offset:
+            return  # nothing new: keep the prefix (an empty one would lose a SentencePiece leading space)
+        if not window.endswith(REPLACEMENT_CHAR):
+            # The window ends on a whole character: the next one starts at this step's tokens.
+            self._prefix_offset, self._read_offset = self._read_offset, len(self.token_ids)
+            self._consumed = 0
+        else:
+            self._consumed += len(new_text)
+            self._move_to_last_boundary(prefix)
 
     def _move_to_last_boundary(self, prefix: str) -> None:
         """Start the next window at the last whole character among the last few tokens.

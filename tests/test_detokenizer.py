@@ -115,3 +115,14 @@ def test_work_per_step_does_not_grow_with_the_output(tok, chunk) -> None:
     # A window is at most the last step, this step and 3 tokens of an incomplete character; an add
     # decodes it at most 5 times (prefix, window, the search for the last whole character).
     assert max(per_add) <= 5 * (2 * chunk + 6)
+
+
+def test_an_empty_add_changes_nothing(tok) -> None:
+    ids = tok.encode("a café au lait", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok, [])
+    out = []
+    for i in ids:
+        out.append(detok.add([i])[0])
+        out.append(detok.add([])[0])
+    out.append(detok.flush())
+    assert "".join(out) == "a café au lait"
