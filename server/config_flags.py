@@ -7,47 +7,26 @@ while parsing so a bad value fails naming the flag or variable. Flags default to
 given"), and only given values reach the dataclass, so its own defaults stay the single source.
 Adding a field with metadata adds the flag, its variable and its --help line; nothing here changes.
 
-The parser must not import torch (``specdec serve --help`` stays instant), but importing
-``specdec_core.config`` the normal way runs ``specdec_core/__init__``, which imports the engine.
-``engine_config_class`` therefore loads ``config.py`` (which imports only the standard library)
-under its real module name, so the package, when it is imported later, reuses the same module and
-``EngineConfig`` stays one class.
+The parser must not import torch (``specdec serve --help`` stays instant): ``specdec_core``
+imports its engine lazily, so ``specdec_core.config`` alone is cheap.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
-import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-CONFIG_MODULE = "specdec_core.config"
-
 
 def engine_config_class() -> type:
-    """``specdec_core.config.EngineConfig`` without importing the ``specdec_core`` package."""
-    module = sys.modules.get(CONFIG_MODULE)
-    if module is None:
-        package = importlib.util.find_spec("specdec_core")  # finds, does not import, a top-level package
-        if package is None or not package.submodule_search_locations:
-            raise ImportError("specdec_core is not installed")
-        path = Path(next(iter(package.submodule_search_locations))) / "config.py"
-        spec = importlib.util.spec_from_file_location(CONFIG_MODULE, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[CONFIG_MODULE] = module  # before exec: dataclasses looks the module up by name
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[CONFIG_MODULE]
-            raise
-    return module.EngineConfig
+    """``specdec_core.config.EngineConfig``; the package imports lazily, so this stays torch-free."""
+    from specdec_core.config import EngineConfig
+
+    return EngineConfig
 
 
 def flag_fields(cls: type, localns: Mapping[str, Any] | None = None) -> list[tuple[dataclasses.Field, Any]]:
