@@ -14,27 +14,18 @@ are printed to stderr. The API key is read from ``--api-key`` or ``SPECDEC_API_K
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 from openai import OpenAI
-from sdk_report import print_report, run_cli
+from sdk_report import add_common_arguments, optional_fields, print_report, run_cli, speculative_extra
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("prompt", nargs="?", default="Write a Python function that checks whether a number is prime.")
     p.add_argument("--system", default=None, help="optional system message")
-    p.add_argument("--base-url", default=os.environ.get("SPECDEC_BASE_URL", "http://127.0.0.1:8000/v1"))
-    p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY") or os.environ.get("OPENAI_API_KEY") or "none")
-    p.add_argument("--model", default=None, help="model name (default: the first one in /v1/models)")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--num-speculative-tokens", type=int, default=None, help="per-request k (0 = no drafts)")
-    p.add_argument("--no-speculation", action="store_true", help="send speculative=false for this request")
+    add_common_arguments(p, max_tokens=256)
     return p.parse_args(argv)
 
 
@@ -49,12 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     messages.append({"role": "user", "content": args.prompt})
 
     # specdec's per-request extension fields travel in extra_body; unset sampling fields are not sent.
-    extra: dict = {}
-    if args.num_speculative_tokens is not None:
-        extra["num_speculative_tokens"] = args.num_speculative_tokens
-    if args.no_speculation:
-        extra["speculative"] = False
-    optional = {k: v for k, v in {"top_p": args.top_p, "seed": args.seed}.items() if v is not None}
+    extra = speculative_extra(args)
+    optional = optional_fields(args)
 
     start = time.perf_counter()
     first: float | None = None

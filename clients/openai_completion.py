@@ -14,44 +14,19 @@ are printed to stderr. The API key is read from ``--api-key`` or ``SPECDEC_API_K
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 from openai import OpenAI
-from sdk_report import print_report, run_cli
+from sdk_report import add_common_arguments, optional_fields, print_report, run_cli, speculative_extra
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("prompt", nargs="?", default="def fibonacci(n):", help="the prompt text")
-    p.add_argument("--base-url", default=os.environ.get("SPECDEC_BASE_URL", "http://127.0.0.1:8000/v1"))
-    p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY") or os.environ.get("OPENAI_API_KEY") or "none")
-    p.add_argument("--model", default=None, help="model name (default: the first one in /v1/models)")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    add_common_arguments(p, max_tokens=128)
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--num-speculative-tokens", type=int, default=None, help="per-request k (0 = no drafts)")
-    p.add_argument("--no-speculation", action="store_true", help="send speculative=false for this request")
     return p.parse_args(argv)
-
-
-def speculative_extra(args: argparse.Namespace) -> dict:
-    """specdec's per-request extension fields, sent through the SDK's ``extra_body``."""
-    extra: dict = {}
-    if args.num_speculative_tokens is not None:
-        extra["num_speculative_tokens"] = args.num_speculative_tokens
-    if args.no_speculation:
-        extra["speculative"] = False
-    return extra
-
-
-def optional_fields(args: argparse.Namespace) -> dict:
-    """Only the sampling fields the user set, so the server applies its own defaults otherwise."""
-    fields = {"top_p": args.top_p, "seed": args.seed, "stop": args.stop}
-    return {k: v for k, v in fields.items() if v is not None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=True,
         stream_options={"include_usage": True},
         extra_body=speculative_extra(args) or None,
-        **optional_fields(args),
+        **optional_fields(args, ("top_p", "seed", "stop")),
     )
     for chunk in stream:
         for choice in chunk.choices:

@@ -24,13 +24,25 @@ PROMPT_LEN = 37
 NUM_DRAFTS = 4
 
 
+class Models(dict):
+    """Models by name, loaded on first use (SmolLM2 only for the tests that ask for it)."""
+
+    def __init__(self, factory, smol_gguf) -> None:
+        super().__init__()
+        self._sources = {
+            "llama": lambda: factory("llama", num_layers=2, hidden=64, seed=11),
+            "qwen2": lambda: factory("qwen2", num_layers=2, hidden=64, seed=12),
+            "smollm2": lambda: smol_gguf,
+        }
+
+    def __missing__(self, name: str):
+        self[name] = load(self._sources[name]())
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def models(tiny_model_factory, smol_gguf):
-    return {
-        "llama": load(tiny_model_factory("llama", num_layers=2, hidden=64, seed=11)),
-        "qwen2": load(tiny_model_factory("qwen2", num_layers=2, hidden=64, seed=12)),
-        "smollm2": load(smol_gguf),
-    }
+    return Models(tiny_model_factory, smol_gguf)
 
 
 def runner(loaded, quantize: str) -> ModelRunner:
@@ -103,6 +115,7 @@ def test_native_fp32_matches_transformers_forward(models, arch):
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_int8_rows_are_close_to_fp32(models):
     """Per-row int8 stays close to the fp32 model on real weights (the quality trade-off)."""
     loaded = models["smollm2"]

@@ -110,6 +110,7 @@ def biased_verify(p, q, drafts, num_drafts, u_accept, u_final) -> VerifyResult:
     return VerifyResult(res.num_accepted, final.tolist())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "params",
     [

@@ -110,6 +110,7 @@ def smol_converted(tmp_path_factory: pytest.TempPathFactory, smol_gguf: Path) ->
     return cache, _load(smol_gguf, cache)
 
 
+@pytest.mark.slow
 def test_gguf_first_load_converts_and_second_reuses(
     smol_converted: tuple[Path, LoadedModel], smol_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -132,6 +133,7 @@ def test_gguf_first_load_converts_and_second_reuses(
     assert second.path == first.path and first.path.stat().st_mtime_ns == mtime
 
 
+@pytest.mark.slow
 def test_gguf_conversion_is_exact(smol_converted: tuple[Path, LoadedModel], smol_gguf: Path) -> None:
     _, converted = smol_converted
     reference = AutoModelForCausalLM.from_pretrained(
