@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from server.errors import APIError, invalid_request
+from server.errors import APIError, invalid_request, unsupported
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -68,8 +68,7 @@ def to_api_error(error: ErrorDetails) -> APIError:
         return invalid_request(f"Invalid request body: {error['msg']}.")
     field = f"'{param}'"
     if kind == "unsupported_parameter":
-        detail = f" {error['msg']}" if error["msg"] else ""
-        return APIError(400, f"{field} is not supported by this server.{detail}", param=param, code="unsupported_parameter")
+        return unsupported(param, error["msg"])
     if kind == "invalid_value":
         message = f"{field} {error['msg']}"
     elif kind == "missing":

@@ -53,7 +53,6 @@ class ModelRunner:
         self.device = param.device
         # int8 keeps fp32 activations; the cache follows the activation dtype.
         self.dtype = param.dtype
-        self.quantize = quantize
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.cache = SlotKVCache(

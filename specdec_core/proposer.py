@@ -34,8 +34,8 @@ class Proposer(ABC):
 
     @abstractmethod
     def propose(self, items: list[ScheduledRequest]) -> Proposal:
-        """Draft up to ``item.num_drafts`` tokens for each item and keep auxiliary state in step."""
-
+        """Draft up to ``item.num_drafts`` tokens for each item; move no request state (the
+        engine's commit applies ``Proposal.draft_cached``)."""
 
 
 class DraftModelProposer(Proposer):

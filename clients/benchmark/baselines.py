@@ -17,60 +17,28 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_pair(args, need_draft: bool):
-    """Target (and draft) through specdec's own loader when present, else plain transformers."""
-    import torch
-
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
+    """Target (and draft) through specdec's own loader (converted-weights cache, same EOS rule and
+    the same quantization choice as the servers; the repository root is put on ``sys.path`` so a
+    checkout without ``pip install -e .`` works)."""
+    if str(REPO_ROOT) not in sys.path:
         sys.path.append(str(REPO_ROOT))
-    try:
-        from specdec_core.loader import load_model  # type: ignore
+    from specdec_core.config import default_cache_dir  # type: ignore
+    from specdec_core.loader import load_model, resolve_device, resolve_dtype, resolve_quantize  # type: ignore
 
-        log("baselines load their models through specdec_core.loader.load_model (converted-weights cache)")
-    except ImportError as exc:
-        load_model = None
-        log(f"specdec_core.loader is not importable ({exc}); loading baselines with transformers directly")
+    device = resolve_device(args.device)
+    mode = resolve_quantize(args.quantize, device, resolve_dtype(args.dtype, device))
+    log("baselines load their models through specdec_core.loader.load_model (converted-weights cache)")
 
     def load(source: str | None, role: str):
-        if load_model is not None:
-            from specdec_core.config import default_cache_dir  # type: ignore
-
-            from specdec_core.loader import resolve_device, resolve_dtype, resolve_quantize  # type: ignore
-
-            dev = resolve_device(device)
-            lm = load_model(source, role=role, device=dev, dtype=args.dtype, cache_dir=default_cache_dir(), progress=True)
-            mode = resolve_quantize(args.quantize, dev, resolve_dtype(args.dtype, dev))
-            return _dynamic_int8(lm.model) if mode == "int8" else lm.model, lm.tokenizer
-        if source is None:
-            raise RuntimeError("the embedded default pair needs specdec_core.loader; pass --model/--draft-model")
-        return _load_with_transformers(source, device, args.dtype, args.quantize)
+        lm = load_model(source, role=role, device=device, dtype=args.dtype, cache_dir=default_cache_dir(), progress=True)
+        return _dynamic_int8(lm.model) if mode == "int8" else lm.model, lm.tokenizer
 
     target, tok = load(args.model, "target")
     draft = None
     if need_draft:
         if args.model is None or args.draft_model:
             draft, _ = load(args.draft_model, "draft")
-    return target, draft, tok, device
-
-
-def _load_with_transformers(source: str, device: str, dtype: str, quantize: str):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
-        dtype, torch.bfloat16 if device == "cuda" else torch.float32)
-    path = Path(source)
-    kw: dict[str, Any] = {}
-    if path.suffix == ".gguf":
-        kw["gguf_file"] = path.name
-        source = str(path.parent)
-    tok = AutoTokenizer.from_pretrained(source, **kw)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, **kw).to(device).eval()
-    if quantize == "int8" or (quantize == "auto" and device == "cpu" and torch_dtype == torch.float32):
-        model = _dynamic_int8(model)
-    return model, tok
+    return target, draft, tok, device.type
 
 
 def _dynamic_int8(model):
