@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-SpeculativeMethod = Literal["draft", "ngram", "none"]
+SpeculativeMethod = Literal["auto", "draft", "ngram", "none"]
 
 
 def default_cache_dir() -> Path:
@@ -53,10 +53,13 @@ class EngineConfig:
     draft_model: str | None = field(default=None, metadata=_flag(
         "draft model for --speculative-method draft (same forms as --model)", group="models"))
     speculative_method: SpeculativeMethod | None = field(default=None, metadata=_flag(
-        "how tokens are proposed: 'draft' (a draft model), 'ngram' (lookup in the request's own tokens) or 'none'",
-        group="models", default_help="draft when a draft model is given or for the default pair, else ngram"))
+        "how tokens are proposed: 'auto' (per request and step, n-gram lookup where the request's own text offers "
+        "a match and it pays more, the draft model otherwise), 'draft' (a draft model), 'ngram' (lookup in the "
+        "request's own tokens) or 'none'",
+        group="models", default_help="auto when a draft model is given or for the default pair, else ngram"))
     num_speculative_tokens: int = field(default=4, metadata=_flag(
-        "draft tokens verified per step, k; requests may lower it", group="models", minimum=0))
+        "most draft tokens verified per request and step, k (the speculation policy picks 0..k each step; "
+        "requests may lower it)", group="models", minimum=0))
     device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata=_flag("where both models run"))
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(default="auto", metadata=_flag(
         "weight/activation dtype"))
@@ -79,14 +82,15 @@ class EngineConfig:
     cache_dir: Path = field(default_factory=default_cache_dir, metadata=_flag(
         "where converted GGUF weights and the assembled default pair are kept",
         default_help="$XDG_CACHE_HOME/specdec, i.e. ~/.cache/specdec"))
-    # Adapt the number of draft tokens per request to its observed acceptance (never above
-    # num_speculative_tokens). Does not affect losslessness, only speed.
+    # Choose each step's draft lengths from measured step costs and each request's observed
+    # acceptance (never above num_speculative_tokens). Changes speed only, never the output.
     adaptive_speculation: bool = field(default=True, metadata=_flag(
-        "adapt each request's draft length to its observed acceptance (never above --num-speculative-tokens); "
-        "changes speed only, never the output", group="models"))
+        "choose each step's draft lengths (0..--num-speculative-tokens) from step costs measured at start-up "
+        "and each request's observed acceptance; off: always k drafts; changes speed only, never the output",
+        group="models"))
 
     def __post_init__(self) -> None:
-        if self.speculative_method not in (None, "draft", "ngram", "none"):
+        if self.speculative_method not in (None, "auto", "draft", "ngram", "none"):
             raise ValueError(f"unknown speculative_method {self.speculative_method!r}")
         if self.num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens must be >= 0")

@@ -1,8 +1,10 @@
 """The synchronous engine: one ``step()`` drafts, verifies and commits for every running request.
 
 A step, for the requests the scheduler picked:
-  1. the proposer drafts up to k tokens for each decoding request (one batched draft forward per
-     draft position) and mirrors prefill chunks into the draft model's cache;
+  0. the speculation policy picks, per request, a proposer (draft model or n-gram lookup) and how
+     many drafts (0..k) make the step's committed tokens per second highest, from measured costs;
+  1. the proposers draft (one batched draft-model forward per draft position) and mirror prefill
+     chunks into the draft model's cache;
   2. one packed target forward scores every request's last token + drafts, and prefill chunks;
   3. one vectorised verification decides, for all requests at once, how many drafts survive and
      which token follows them;
@@ -13,7 +15,6 @@ Everything here runs on the engine thread; ``AsyncEngine`` is the thread-safe fa
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 import uuid
@@ -27,11 +28,13 @@ from .eos import eos_token_ids
 from .metrics import EngineMetrics
 from .model_runner import ForwardItem, ModelRunner
 from .outputs import RequestOutput, TokenLogprob
-from .proposer import DraftModelProposer, NgramProposer, Proposal, Proposer
+from .cost_model import StepCostModel, calibrate
+from .proposer import DraftModelProposer, NgramIndex, Proposal, propose
 from .request import Request
 from .sampling import RowParams, warp
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledStep, Scheduler
+from .speculation_policy import SpeculationPolicy
 from .verifier import VerifyResult, verify, verify_greedy
 
 log = logging.getLogger("specdec.engine")
@@ -63,23 +66,23 @@ class Engine:
         dtype = resolve_dtype(config.dtype, device)
         resolve_quantize(config.quantize, device, dtype)  # refuse a bad combination before loading
         method = config.speculative_method or (
-            "draft" if (config.draft_model or config.model is None) else "ngram"
+            "auto" if (config.draft_model or config.model is None) else "ngram"
         )
-        if method == "draft" and config.draft_model is None and config.model is not None:
-            raise ValueError("speculative_method 'draft' needs a draft model (--draft-model)")
+        if method in ("draft", "auto") and config.draft_model is None and config.model is not None:
+            raise ValueError(f"speculative_method {method!r} needs a draft model (--draft-model)")
         load = dict(device=device, dtype=dtype, cache_dir=config.cache_dir, progress=progress)
         target = load_model(config.model, role="target", **load)
-        draft = load_model(config.draft_model, role="draft", **load) if method == "draft" else None
+        draft = load_model(config.draft_model, role="draft", **load) if method in ("draft", "auto") else None
         self._setup(config, target, draft, method, owns_models=True)
 
     @classmethod
     def from_loaded(cls, config: EngineConfig, target, draft=None) -> "Engine":
         """Build an engine around already loaded models (``LoadedModel``), e.g. to share them."""
         engine = cls.__new__(cls)
-        method = config.speculative_method or ("draft" if draft is not None else "ngram")
-        if method == "draft" and draft is None:
-            raise ValueError("speculative_method 'draft' needs a draft model")
-        engine._setup(config, target, draft if method == "draft" else None, method)
+        method = config.speculative_method or ("auto" if draft is not None else "ngram")
+        if method in ("draft", "auto") and draft is None:
+            raise ValueError(f"speculative_method {method!r} needs a draft model")
+        engine._setup(config, target, draft if method in ("draft", "auto") else None, method)
         return engine
 
     def _setup(self, config: EngineConfig, target, draft, method: str, owns_models: bool = False) -> None:
@@ -101,13 +104,8 @@ class Engine:
         runner = dict(num_slots=config.max_num_seqs, max_len=config.max_model_len, vocab_size=vocab,
                       quantize=self.quantize, release_weights=owns_models)
         self.target = ModelRunner(target.model, **runner)
-        self.proposer: Proposer | None
-        if method == "draft":
-            self.draft_runner: ModelRunner | None = ModelRunner(draft.model, **runner)
-            self.proposer = DraftModelProposer(self.draft_runner)
-        else:
-            self.draft_runner = None
-            self.proposer = NgramProposer(config.ngram_min, config.ngram_max) if method == "ngram" else None
+        self.draft_runner = ModelRunner(draft.model, **runner) if draft is not None else None
+        self.drafter = DraftModelProposer(self.draft_runner) if self.draft_runner is not None else None
         log.info("execution: target %s path, draft %s, quantize=%s", self.target.path,
                  self.draft_runner.path if self.draft_runner else "none", self.quantize)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
@@ -115,7 +113,9 @@ class Engine:
         self._seed_rng = torch.Generator().manual_seed(config.seed if config.seed is not None else int(time.time_ns() % 2**31))
         self._fault_marker = os.environ.get(FAULT_INJECTION_ENV) or None
         self._faulty: set[str] = set()
-        self.draft_cost = self._measure_draft_cost() if config.adaptive_speculation else 0.0
+        self.costs = self._measure_costs()
+        self.policy = SpeculationPolicy(method, self.costs, config.adaptive_speculation, self.max_model_len,
+                                        lambda req, k: req.ngram.lookup(req.all_ids, k) if req.ngram else [])
 
     # ------------------------------------------------------------------ requests in and out
 
@@ -142,6 +142,8 @@ class Engine:
         rid = request_id or uuid.uuid4().hex
         req = Request(rid, ids, params, torch.Generator().manual_seed(seed),
                       IncrementalDetokenizer(self.tokenizer, params.stop), k)
+        if self.method in ("ngram", "auto"):
+            req.ngram = NgramIndex(self.config.ngram_min, self.config.ngram_max)
         if self._fault_marker and self._fault_marker in self.tokenizer.decode(ids):
             self._faulty.add(rid)
         return req
@@ -165,9 +167,10 @@ class Engine:
     # ------------------------------------------------------------------ the step
 
     def step(self) -> list[RequestOutput]:
-        sched = self.scheduler.schedule(self._num_drafts)
+        sched = self.scheduler.schedule()
         if sched.empty:
             return []
+        self.policy.plan(sched.items)
         t0 = time.perf_counter()
         try:
             outputs = self._run(sched)
@@ -196,7 +199,7 @@ class Engine:
     def _run(self, sched: ScheduledStep) -> list[RequestOutput]:
         """Propose, score and verify without touching request state; then commit."""
         t0 = time.perf_counter()
-        proposal = self._propose(sched)
+        proposal = propose(sched.items, self.drafter)
         t1 = time.perf_counter()
         fwd, verifying = [], []
         for i, (it, d) in enumerate(zip(sched.items, proposal.tokens)):
@@ -207,8 +210,7 @@ class Engine:
             if done:
                 verifying.append(i)
         logits = self.target.forward(fwd)
-        self.metrics.total_draft_seconds += t1 - t0
-        self.metrics.total_target_seconds += time.perf_counter() - t1
+        self._observe_costs(sched, t1 - t0, time.perf_counter() - t1)
         result = None
         if verifying:
             q = proposal.probs
@@ -231,8 +233,8 @@ class Engine:
             req, drafts = sched.items[i].request, proposal.tokens[i]
             n_rows = len(drafts) + 1
             try:
-                out = self._commit(req, drafts, result.num_accepted[b], result.final_token[b],  # type: ignore[union-attr]
-                                   logits[row:row + n_rows])
+                out = self._commit(req, drafts, sched.items[i].source, result.num_accepted[b],  # type: ignore[union-attr]
+                                   result.final_token[b], logits[row:row + n_rows])
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
                 log.error("request %s failed", req.request_id, exc_info=exc)
                 out = self._fail(req, exc)
@@ -240,15 +242,6 @@ class Engine:
             if out is not None:
                 outputs.append(out)
         return outputs
-
-    def _propose(self, sched: ScheduledStep) -> Proposal:
-        wants = any(it.num_drafts for it in sched.items) or (
-            self.draft_runner is not None
-            and any(it.request.in_prefill and it.request.max_spec_tokens for it in sched.items)
-        )
-        if self.proposer is None or not wants:
-            return Proposal([[] for _ in sched.items], None)
-        return self.proposer.propose(sched.items)
 
     def _verify(self, reqs: list[Request], drafts: list[list[int]], draft_probs: torch.Tensor | None,
                 logits: torch.Tensor):
@@ -283,7 +276,7 @@ class Engine:
 
     # ------------------------------------------------------------------ commit and stop
 
-    def _commit(self, req: Request, drafts: list[int], accepted: int, final: int,
+    def _commit(self, req: Request, drafts: list[int], source: str | None, accepted: int, final: int,
                 logits: torch.Tensor) -> RequestOutput | None:
         if req.request_id in self._faulty:
             raise RuntimeError("fault injected for testing (SPECDEC_FAULT_INJECTION)")
@@ -314,10 +307,12 @@ class Engine:
             st.record_accepted(counted)
             m.total_draft_tokens += len(drafts)
             m.total_accepted_tokens += counted
+            m.draft_tokens_by_source[source] = m.draft_tokens_by_source.get(source, 0) + len(drafts)  # type: ignore[index]
+            m.accepted_tokens_by_source[source] = m.accepted_tokens_by_source.get(source, 0) + counted  # type: ignore[index]
             while len(m.accepted_histogram) <= counted:
                 m.accepted_histogram.append(0)
             m.accepted_histogram[counted] += 1
-            req.acceptance_ema = 0.7 * req.acceptance_ema + 0.3 * (accepted / len(drafts))
+            req.acceptance[source].update(accepted, len(drafts))  # type: ignore[index]
         logprobs = self._logprobs(req, logits[: len(kept)], kept) if req.params.logprobs is not None else None
         if reason is not None:
             req.finish(reason)
@@ -355,45 +350,27 @@ class Engine:
         req.finish("error", error=f"internal error while processing the request: {type(exc).__name__}")
         return self._retire(req, [], "", None)
 
-    # ------------------------------------------------------------------ speculation depth
+    # ------------------------------------------------------------------ step costs
 
-    def _num_drafts(self, req: Request) -> int:
-        """k for this request this step: its cap, limited by room left, adapted to its acceptance.
+    def _measure_costs(self) -> StepCostModel:
+        """Time the step shapes this engine can produce (see ``cost_model``); without adaptive
+        speculation nothing reads them."""
+        if not self.config.adaptive_speculation or self.method == "none":
+            return StepCostModel.constant(self.draft_runner is not None)
+        return calibrate(self.target, self.draft_runner, self.config.max_num_seqs,
+                         1 + self.num_speculative_tokens, self.max_model_len)
 
-        Adding the j-th draft pays when the chance it is accepted (about alpha^j) beats its cost
-        relative to a target step. The choice depends only on the request's own history, so a
-        seeded request draws the same random numbers whatever else is batched with it.
-        """
-        # Drafts past max_tokens are not wasted on correctness: the length stop drops the excess.
-        k = min(req.max_spec_tokens, req.params.max_tokens - len(req.output_ids),
-                self.max_model_len - req.num_tokens)
-        if k <= 0 or not self.config.adaptive_speculation:
-            return max(k, 0)
-        alpha = min(max(req.acceptance_ema, 1e-3), 0.999)
-        threshold = self.draft_cost + 0.05
-        best = int(math.floor(math.log(threshold) / math.log(alpha))) if threshold < 1 else 0
-        if best <= 0:
-            # Keep probing with one draft now and then so a request can recover its speculation.
-            return 1 if req.stats.verify_steps % 8 == 0 else 0
-        return min(k, best)
-
-    def _measure_draft_cost(self) -> float:
-        """Cost of one draft token relative to one target step, measured once at start-up."""
-        if self.draft_runner is None:
-            return 0.0
-
-        def timed(runner: ModelRunner) -> float:
-            runner.forward([ForwardItem(0, 0, [0], 1)])
-            t0 = time.perf_counter()
-            for _ in range(3):
-                runner.forward([ForwardItem(0, 0, [0], 1)])
-            if runner.device.type == "cuda":
-                torch.cuda.synchronize()
-            return time.perf_counter() - t0
-
-        ratio = timed(self.draft_runner) / max(timed(self.target), 1e-9)
-        log.info("draft/target step cost ratio %.3f", ratio)
-        return min(ratio, 1.0)
+    def _observe_costs(self, sched: ScheduledStep, draft_s: float, target_s: float) -> None:
+        """Account the step's time, and let decode-only steps correct the live cost model."""
+        self.metrics.total_draft_seconds += draft_s
+        self.metrics.total_target_seconds += target_s
+        if any(it.num_new != 1 for it in sched.items):
+            return  # prefill chunks: not a shape the cost model describes
+        self.costs.observe_target(sum(1 + it.num_drafts for it in sched.items), target_s)
+        depth = max((it.num_drafts for it in sched.items if it.source == "draft"), default=0)
+        if depth:
+            self.costs.observe_draft([sum(1 for it in sched.items if it.source == "draft" and it.num_drafts >= j)
+                                      for j in range(1, depth + 1)], draft_s)
 
     def _refresh_gauges(self) -> None:
         m, s = self.metrics, self.scheduler

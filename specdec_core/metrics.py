@@ -36,6 +36,9 @@ class EngineMetrics:
     total_target_seconds: float = 0.0
     total_finished: int = 0
     total_failed: int = 0
+    # Draft tokens proposed and accepted, per proposer ("draft", "ngram").
+    draft_tokens_by_source: dict[str, int] = field(default_factory=dict)
+    accepted_tokens_by_source: dict[str, int] = field(default_factory=dict)
     # accepted_histogram[j]: verify passes (over all requests) that accepted j drafts.
     accepted_histogram: list[int] = field(default_factory=list)
 

@@ -1,12 +1,13 @@
-"""Proposers guess the next k tokens of each running request; the verifier decides what stays.
+"""Proposers guess the next tokens of each running request; the verifier decides what stays.
 
-Two real proposers share one small interface: a draft model (batched, one forward per draft
-position for all requests at once) and n-gram prompt lookup (no model; its q is one-hot).
+Two proposers: a draft model (batched, one forward per draft position for all requests at
+once; its q is the distribution each draft was sampled from) and n-gram prompt lookup (no model;
+its q is one-hot on the looked-up tokens). The speculation policy picks one per request per
+step; ``Proposal`` carries both kinds side by side.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -19,26 +20,37 @@ from .sampling import RowParams, sample, uniforms, warp
 @dataclass
 class Proposal:
     """``tokens[b]`` are item b's drafts (possibly fewer than asked). ``probs`` is ``[B, K, V]``
-    with the draft distributions they were sampled from, or None when q is one-hot on them.
-    ``draft_cached[b]``, when a draft model ran, is how many of item b's tokens its cache now holds
-    (drafts included); the engine's commit turns that into the request's ``draft_computed``. The
-    proposer itself moves no request state, so a step that fails after it leaves nothing to undo."""
+    with the distributions they were drawn from (one-hot rows for looked-up tokens), or None when
+    every row is one-hot. ``draft_cached[b]``, when the draft model ran, is how many of item b's
+    tokens its cache now holds (drafts included); the engine's commit turns that into the
+    request's ``draft_computed``. Proposing moves no request state, so a step that fails after
+    it leaves nothing to undo."""
 
     tokens: list[list[int]]
     probs: torch.Tensor | None
     draft_cached: list[int | None] | None = None
 
 
-class Proposer(ABC):
-    method: str
+def propose(items: list[ScheduledRequest], draft: "DraftModelProposer | None") -> Proposal:
+    """Looked-up tokens where the policy chose n-gram; the draft model for the rest (and for
+    mirroring prompt chunks into its cache)."""
+    proposal = draft.propose(items) if draft is not None and draft.wanted(items) else None
+    tokens = proposal.tokens if proposal else [[] for _ in items]
+    looked_up = [b for b, it in enumerate(items) if it.source == "ngram"]
+    for b in looked_up:
+        tokens[b] = list(items[b].lookup or [])
+    probs = proposal.probs if proposal else None
+    if looked_up and probs is not None:
+        k_max = max(len(t) for t in tokens)
+        if probs.shape[1] < k_max:
+            probs = torch.cat([probs, probs.new_zeros(len(items), k_max - probs.shape[1], probs.shape[2])], dim=1)
+        for b in looked_up:
+            probs[b, :len(tokens[b])] = 0.0
+            probs[b, torch.arange(len(tokens[b])), torch.tensor(tokens[b], dtype=torch.long)] = 1.0
+    return Proposal(tokens, probs, proposal.draft_cached if proposal else None)
 
-    @abstractmethod
-    def propose(self, items: list[ScheduledRequest]) -> Proposal:
-        """Draft up to ``item.num_drafts`` tokens for each item; move no request state (the
-        engine's commit applies ``Proposal.draft_cached``)."""
 
-
-class DraftModelProposer(Proposer):
+class DraftModelProposer:
     """Drafts with a small model: one batched forward per draft position for all requests.
 
     The draft cache lags the target by design: a request is caught up (all its tokens since its
@@ -46,26 +58,35 @@ class DraftModelProposer(Proposer):
     speculating requests are mirrored so the catch-up never has to re-read a whole prompt.
     """
 
-    method = "draft"
-
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
 
+    @staticmethod
+    def _drafts(item: ScheduledRequest) -> int:
+        return item.num_drafts if item.source == "draft" else 0
+
+    def _mirrors(self, item: ScheduledRequest) -> bool:
+        r = item.request
+        return (self._drafts(item) == 0 and r.in_prefill and r.max_spec_tokens > 0
+                and r.draft_computed == r.num_computed)
+
+    def wanted(self, items: list[ScheduledRequest]) -> bool:
+        return any(self._drafts(it) or self._mirrors(it) for it in items)
+
     def propose(self, items: list[ScheduledRequest]) -> Proposal:
         vocab = self.runner.vocab_size
-        k_max = max((it.num_drafts for it in items), default=0)
+        k_max = max((self._drafts(it) for it in items), default=0)
         tokens: list[list[int]] = [[] for _ in items]
         cached: list[int | None] = [None] * len(items)
         probs = torch.zeros(len(items), k_max, vocab, device=self.runner.device)
-        active = [b for b, it in enumerate(items) if it.num_drafts > 0]
-        mirrored = [b for b, it in enumerate(items) if it.num_drafts == 0 and it.request.in_prefill
-                    and it.request.max_spec_tokens > 0 and it.request.draft_computed == it.request.num_computed]
+        active = [b for b, it in enumerate(items) if self._drafts(it) > 0]
+        mirrored = [b for b, it in enumerate(items) if self._mirrors(it)]
         fwd = [self._catch_up(items[b], 1) for b in active] + [self._catch_up(items[b], 0) for b in mirrored]
         for b in mirrored:
             cached[b] = items[b].request.num_computed + items[b].num_new
         for j in range(max(k_max, 1)):
             if j > 0:
-                active = [b for b in active if items[b].num_drafts > j]
+                active = [b for b in active if self._drafts(items[b]) > j]
                 fwd = [ForwardItem(items[b].request.slot, cached[b], [tokens[b][-1]], 1) for b in active]  # type: ignore[arg-type]
             if not active:
                 if fwd:
@@ -88,25 +109,31 @@ class DraftModelProposer(Proposer):
         return ForwardItem(r.slot, r.draft_computed, r.all_ids[r.draft_computed:r.num_computed + item.num_new], num_logits)
 
 
-class NgramProposer(Proposer):
-    """Prompt lookup: find the most recent earlier occurrence of the last n tokens (n from
-    ``max_n`` down to ``min_n``) and propose the tokens that followed it."""
+class NgramIndex:
+    """Prompt lookup for one request: the most recent earlier occurrence of its last n tokens
+    (n from ``max_n`` down to ``min_n``), and the tokens that followed it.
 
-    method = "ngram"
+    Every n-gram that has a follower maps to where that follower is; the index catches up with
+    the request's tokens on each lookup (they only grow), so a step costs O(new tokens x n)
+    dictionary updates instead of a scan of the whole text per request.
+    """
 
     def __init__(self, min_n: int, max_n: int) -> None:
         self.min_n, self.max_n = min_n, max_n
-
-    def propose(self, items: list[ScheduledRequest]) -> Proposal:
-        return Proposal([self.lookup(it.request.all_ids, it.num_drafts) if it.num_drafts else [] for it in items], None)
+        self._follower: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # n-grams ending before this position are in the index
 
     def lookup(self, ids: list[int], k: int) -> list[int]:
-        seq = torch.tensor(ids)
+        if k <= 0:
+            return []
+        # Register n-grams ending at positions up to len - 2: each has a follower, and the
+        # request's own suffix (ending at len - 1) is not matched against itself.
+        for end in range(self._indexed, len(ids) - 1):
+            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
+                self._follower[tuple(ids[end - n + 1:end + 1])] = end + 1
+        self._indexed = max(self._indexed, len(ids) - 1)
         for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
-            # Windows that start early enough to be followed by at least one token.
-            windows = seq[: len(ids) - 1].unfold(0, n, 1)
-            hits = (windows == seq[-n:]).all(dim=1).nonzero()
-            if len(hits):
-                start = int(hits[-1]) + n
+            start = self._follower.get(tuple(ids[len(ids) - n:]))
+            if start is not None:
                 return ids[start:start + k]
         return []

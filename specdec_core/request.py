@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from .detokenizer import IncrementalDetokenizer
 from .outputs import FinishReason, RequestStats
 from .sampling_params import SamplingParams
+from .speculation_policy import PRIOR, AcceptanceEstimate
+
+if TYPE_CHECKING:
+    from .proposer import NgramIndex
 
 
 class Status(enum.Enum):
@@ -51,8 +56,10 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
         self.stats = RequestStats(prompt_tokens=len(prompt_ids), arrival_time=time.monotonic())
-        # Exponential moving average of this request's own acceptance, for choosing its k.
-        self.acceptance_ema = 1.0
+        # This request's own acceptance per proposer, for the speculation policy.
+        self.acceptance = {source: AcceptanceEstimate(prior) for source, prior in PRIOR.items()}
+        # Prompt-lookup index over all_ids, for the n-gram proposer (None when it is not used).
+        self.ngram: NgramIndex | None = None
 
     @property
     def in_prefill(self) -> bool:

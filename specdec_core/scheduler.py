@@ -2,8 +2,8 @@
 
 FCFS. A waiting request is admitted when a cache slot is free (slots are sized from
 ``max_num_seqs`` x ``max_model_len``, so a free slot is exactly "capacity allows"). Each step every
-running request in decode gets 1 + k tokens, and up to ``prefill_chunk`` prompt tokens are
-prefilled, so a long prompt never stalls running streams for its whole length.
+running request in decode gets 1 token (the speculation policy then adds drafts), and up to
+``prefill_chunk`` prompt tokens are prefilled, so a long prompt never stalls running streams.
 
 Prompts are cut at fixed offsets (0, C, 2C, ...) and a chunk is scheduled whole or not at all:
 how a prompt is chunked, and so the arithmetic of its prefill, never depends on what else is
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Literal
 
 from .kv_cache import SlotAllocator
 from .request import Request, Status
@@ -24,11 +24,15 @@ from .request import Request, Status
 @dataclass
 class ScheduledRequest:
     """One request's share of a step: ``num_new`` known tokens fed to the target (a prompt chunk,
-    or the last generated token) and ``num_drafts`` speculative tokens after them."""
+    or the last generated token) and ``num_drafts`` speculative tokens after them, proposed by
+    ``source`` (``lookup`` holds them when that is n-gram). The scheduler decides ``num_new``;
+    the speculation policy decides the rest."""
 
     request: Request
     num_new: int
-    num_drafts: int
+    num_drafts: int = 0
+    source: Literal["draft", "ngram"] | None = None
+    lookup: list[int] | None = None
 
     @property
     def completes(self) -> bool:
@@ -58,20 +62,19 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self, num_drafts: Callable[[Request], int]) -> ScheduledStep:
-        """``num_drafts(req)`` says how many draft tokens a decoding request wants this step."""
+    def schedule(self) -> ScheduledStep:
         while self.waiting and self.slots.num_free:
             req = self.waiting.popleft()
             req.slot = self.slots.allocate()
             req.status = Status.RUNNING
             self.running.append(req)
         step = ScheduledStep()
-        # Decoding requests first (1 + k tokens each), then whole prompt chunks while the prefill
-        # budget lasts. A chunk that finishes its prompt may carry drafts too, so speculation
-        # starts at the first generated token.
+        # Decoding requests first (1 token each, plus drafts the policy adds), then whole prompt
+        # chunks while the prefill budget lasts. A chunk that finishes its prompt may carry
+        # drafts too, so speculation starts at the first generated token.
         for req in self.running:
             if not req.in_prefill:
-                step.items.append(ScheduledRequest(req, 1, num_drafts(req)))
+                step.items.append(ScheduledRequest(req, 1))
         budget = self.prefill_chunk
         for req in self.running:
             if req.in_prefill:
@@ -79,8 +82,7 @@ class Scheduler:
                 n = chunk_end - req.num_computed
                 if n > budget:
                     break  # FCFS: a later prompt does not overtake this one
-                k = num_drafts(req) if chunk_end == req.num_tokens else 0
-                step.items.append(ScheduledRequest(req, n, k))
+                step.items.append(ScheduledRequest(req, n))
                 budget -= n
         return step
 

@@ -1,0 +1,147 @@
+"""The speculation policy: how many drafts each request gets, from measured costs and its own
+acceptance; the n-gram index behind the 'ngram' and 'auto' proposers; and 'auto' staying exact."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import load
+
+from specdec_core import Engine, EngineConfig, SamplingParams
+from specdec_core.cost_model import CostTable, StepCostModel
+from specdec_core.proposer import NgramIndex
+from specdec_core.request import Request
+from specdec_core.scheduler import ScheduledRequest
+from specdec_core.speculation_policy import SpeculationPolicy, expected_tokens
+
+# Step costs measured on the 2-core CPU (ms): the 1.5B int8 target by tokens in the step, the
+# 0.5B int8 draft by requests in one draft forward (clients/step_costs.py).
+CPU_COSTS = StepCostModel(CostTable([1, 2, 5, 16, 80], [54.0, 55.0, 57.7, 101.6, 445.0]),
+                          CostTable([1, 4, 16], [20.0, 26.0, 48.0]))
+
+
+def brute_force_lookup(ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The definition: the most recent earlier occurrence of the longest suffix that has one."""
+    for n in range(min(max_n, len(ids) - 1), min_n - 1, -1):
+        suffix = ids[len(ids) - n:]
+        for start in range(len(ids) - n - 1, -1, -1):
+            if ids[start:start + n] == suffix:
+                return ids[start + n:start + n + k]
+    return []
+
+
+@pytest.mark.parametrize("min_n,max_n", [(1, 4), (2, 3), (3, 3)])
+def test_ngram_index_matches_the_definition_as_text_grows(min_n, max_n):
+    rng = random.Random(min_n * 10 + max_n)
+    for _ in range(20):
+        ids = [rng.randrange(6) for _ in range(rng.randrange(1, 12))]
+        index = NgramIndex(min_n, max_n)
+        for _ in range(30):
+            k = rng.randrange(0, 6)
+            assert index.lookup(ids, k) == brute_force_lookup(ids, k, min_n, max_n)[:k]
+            ids += [rng.randrange(6) for _ in range(rng.randrange(1, 4))]
+
+
+def request(alpha: float, *, seed: int | None = None, temperature: float = 0.0, k: int = 4,
+            source: str = "draft") -> Request:
+    params = SamplingParams(max_tokens=100, temperature=temperature, seed=seed)
+    req = Request("r", [1, 2, 3], params, torch.Generator().manual_seed(0), None, k)  # type: ignore[arg-type]
+    req.num_computed = 2  # prompt prefilled, last token to feed
+    est = req.acceptance[source]
+    est.successes, est.trials = alpha * 100, 100.0
+    return req
+
+
+def plan(requests: list[Request], costs: StepCostModel = CPU_COSTS, method: str = "draft") -> list[int]:
+    items = [ScheduledRequest(r, 1) for r in requests]
+    policy = SpeculationPolicy(method, costs, adaptive=True, max_model_len=512,
+                               lookup=lambda req, k: [5] * k)
+    policy.plan(items)
+    return [it.num_drafts for it in items]
+
+
+def test_one_request_with_good_drafts_speculates_and_poor_drafts_do_not():
+    assert plan([request(0.9)]) == [4]
+    assert plan([request(0.1)]) == [0]
+
+
+def test_many_requests_fall_back_to_plain_decoding_where_batched_drafts_cost_more():
+    # 16 x 5 tokens cost 4.4x 16 x 1 here: even at alpha 0.7 plain decoding commits more per second.
+    assert plan([request(0.7) for _ in range(16)]) == [0] * 16
+    # A target whose batched drafts are almost free (a GPU) keeps speculating.
+    flat = StepCostModel(CostTable([1, 80], [10.0, 12.0]), CostTable([1, 16], [1.0, 1.2]))
+    assert all(k > 0 for k in plan([request(0.7) for _ in range(16)], flat))
+
+
+def test_the_choice_maximises_the_modelled_rate():
+    """Against exhaustive search on two requests: the policy's k's are as good as the best."""
+    reqs = [request(0.85), request(0.4)]
+    ks = plan(reqs)
+
+    def rate(k0: int, k1: int) -> float:
+        tokens = expected_tokens(0.85, k0) + expected_tokens(0.4, k1)
+        seconds = CPU_COSTS.target(2 + k0 + k1) + sum(
+            CPU_COSTS.draft((k0 >= j) + (k1 >= j)) for j in range(1, max(k0, k1) + 1))
+        return tokens / seconds
+
+    best = max(rate(a, b) for a in range(5) for b in range(5))
+    assert rate(*ks) == pytest.approx(best, rel=1e-9)
+
+
+def test_a_seeded_sampled_request_gets_the_same_k_whatever_else_runs():
+    seeded = request(0.8, seed=7, temperature=0.8)
+    alone = plan([seeded])
+    crowded = plan([seeded] + [request(0.7) for _ in range(15)])
+    assert alone[0] > 0 and crowded[0] == alone[0] and crowded[1:] == [0] * 15
+    # Live cost corrections (a loaded machine) move everyone else, never the seeded request.
+    slow = StepCostModel(CPU_COSTS.target_table, CPU_COSTS.draft_table, target_scale=3.0)
+    assert plan([seeded], slow) == alone
+
+
+def test_auto_prefers_a_free_lookup_with_good_acceptance():
+    req = request(0.8, source="ngram")
+    req.acceptance["draft"].successes, req.acceptance["draft"].trials = 30.0, 100.0
+    items = [ScheduledRequest(req, 1)]
+    SpeculationPolicy("auto", CPU_COSTS, True, 512, lambda r, k: [9] * k).plan(items)
+    assert (items[0].source, items[0].lookup) == ("ngram", [9] * items[0].num_drafts)
+    assert items[0].num_drafts == 4
+
+
+def test_observed_steps_rescale_the_live_costs_only():
+    costs = StepCostModel(CostTable([1, 8], [1.0, 2.0]), None)
+    for _ in range(100):
+        costs.observe_target(8, 4.0)
+    assert costs.target(8) == pytest.approx(4.0, rel=1e-3)
+    assert costs.target(8, frozen=True) == 2.0
+
+
+# ---------------------------------------------------------------------- the engine with 'auto'
+
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(",
+    "The capital of France is",
+    "1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,",
+    "Once upon a time, in a land far away, there lived",
+]
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_target, tiny_draft):
+    return load(tiny_target), load(tiny_draft, role="draft")
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_auto_greedy_equals_target_only_and_uses_both_proposers(pair, adaptive):
+    target, draft = pair
+    base = dict(num_speculative_tokens=4, seed=0, max_num_seqs=4)
+    alone = Engine.from_loaded(EngineConfig(speculative_method="none", **base), target).generate(PROMPTS, GREEDY)
+    eng = Engine.from_loaded(EngineConfig(speculative_method="auto", adaptive_speculation=adaptive, **base),
+                             target, draft)
+    assert eng.method == "auto"
+    assert [c.token_ids for c in eng.generate(PROMPTS, GREEDY)] == [c.token_ids for c in alone]
+    if not adaptive:  # every step speculates, so both proposers must have been exercised
+        by_source = eng.metrics.draft_tokens_by_source
+        assert by_source.get("ngram", 0) > 0 and by_source.get("draft", 0) > 0, by_source
