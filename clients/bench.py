@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark specdec: speculation off vs draft model vs n-gram, against same-run transformers baselines.
+"""Benchmark specdec: speculation off vs draft model vs n-gram vs auto, against same-run baselines and peers.
 
 Two ways to point it at a server:
 
@@ -11,6 +11,10 @@ Two ways to point it at a server:
     # a server that is already running: its --speculative-method is fixed, so only "off" (sent as the
     # per-request extension "speculative": false) and the server's own method can be measured
     python clients/bench.py --url http://127.0.0.1:8000
+
+    # beside either: any other OpenAI-compatible server on the same prompts, e.g. llama.cpp's
+    # llama-server started by you (README, "Against llama.cpp"); rows are named peer:NAME
+    python clients/bench.py --spawn --peer llama.cpp-md=http://127.0.0.1:8081
 
 For every (mode, prompt kind, concurrency) it streams the prompt set of clients/prompts.json with
 httpx (a closed loop of ``concurrency`` workers) and reports output tokens/s, time to first token
@@ -49,7 +53,7 @@ from pathlib import Path
 import httpx
 
 from benchmark.baselines import run_baselines
-from benchmark.modes import BASELINES, MODES
+from benchmark.modes import BASELINES, MODES, NEEDS_DRAFT
 from benchmark.progress import log
 from benchmark.report import Row, add_comparisons, machine_info, print_table, write_chart
 from benchmark.servers import SpawnedServer
@@ -82,7 +86,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds to wait for /health (the first start converts GGUF weights)")
 
     w = p.add_argument_group("workload")
-    w.add_argument("--modes", default=",".join(MODES), help="comma list of off,draft,ngram")
+    w.add_argument("--modes", default=",".join(MODES), help="comma list of " + ",".join(MODES))
+    w.add_argument("--peer", action="append", default=[], metavar="[NAME=]URL",
+                   help="another OpenAI-compatible server to measure on the same workload after ours "
+                        "(repeatable); its rows are named peer:NAME and compared with our 'off'")
     w.add_argument("--kinds", default=",".join(KINDS), help="comma list of code_edit,open,chat")
     w.add_argument("--concurrency", default="1,4,16", help="comma list of concurrency levels")
     w.add_argument("--num-prompts", type=int, default=None, help="prompts per kind (default: all 10)")
@@ -129,12 +136,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.max_tokens < 1:
         p.error("--max-tokens must be >= 1")
     args.server_arg = [x for a in args.server_arg for x in shlex.split(a)]
+    args.peer = [_peer(p_, i) for i, p_ in enumerate(args.peer)]
     # Spawned servers run from the repository root: make local model paths absolute first.
     for name in ("model", "draft_model"):
         value = getattr(args, name)
         if value and os.path.exists(value):
             setattr(args, name, os.path.abspath(value))
     return args
+
+
+def _peer(value: str, index: int) -> tuple[str, str]:
+    """``NAME=URL`` or a bare URL (named peer1, peer2, ...)."""
+    name, sep, url = value.partition("=")
+    if not sep or "://" in name:
+        name, url = f"peer{index + 1}", value
+    return name, url.rstrip("/")
 
 
 def _csv(value: str, allowed: tuple[str, ...], flag: str) -> list[str]:
@@ -164,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.spawn:
         for mode in args.modes:
-            if mode == "draft" and args.model and not args.draft_model:
-                notes.append("draft mode skipped: --model given without --draft-model")
+            if mode in NEEDS_DRAFT and args.model and not args.draft_model:
+                notes.append(f"{mode} mode skipped: --model given without --draft-model")
                 log(notes[-1])
                 continue
             server = SpawnedServer(mode, args, out_dir)
@@ -201,6 +217,19 @@ def main(argv: list[str] | None = None) -> int:
             mode_rows, mode_details = asyncio.run(bench_server(args.url, mode, extra, model, workloads, args))
             rows += mode_rows
             details += mode_details
+
+    for name, url in args.peer:
+        mode = f"peer:{name}"
+        try:
+            model, _ = asyncio.run(server_info(url, args))
+            log(f"peer {name} at {url} serves {model!r}")
+            servers[mode] = {"url": url, "model": model}
+            mode_rows, mode_details = asyncio.run(bench_server(url, mode, {}, model, workloads, args))
+            rows += mode_rows
+            details += mode_details
+        except (RuntimeError, httpx.HTTPError, KeyError, IndexError) as exc:
+            notes.append(f"peer {name} at {url} failed: {type(exc).__name__}: {exc}")
+            log(notes[-1])
 
     if args.baselines:
         if not args.spawn and args.model is None:

@@ -60,6 +60,10 @@ class EngineConfig:
     num_speculative_tokens: int = field(default=4, metadata=_flag(
         "most draft tokens verified per request and step, k (the speculation policy picks 0..k each step; "
         "requests may lower it)", group="models", minimum=0))
+    draft_vocab_size: int = field(default=0, metadata=_flag(
+        "score only the N most frequent tokens in the draft model's head (lowest BPE ids plus special tokens; "
+        "FR-Spec); cheaper drafts, still lossless, some acceptance lost; 0 = the whole vocabulary",
+        group="models", minimum=0))
     device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata=_flag("where both models run"))
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(default="auto", metadata=_flag(
         "weight/activation dtype"))

@@ -24,6 +24,7 @@ import torch
 
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
+from .draft_vocab import frequent_token_ids
 from .eos import eos_token_ids
 from .metrics import EngineMetrics
 from .model_runner import ForwardItem, ModelRunner
@@ -104,7 +105,8 @@ class Engine:
         runner = dict(num_slots=config.max_num_seqs, max_len=config.max_model_len, vocab_size=vocab,
                       quantize=self.quantize, release_weights=owns_models)
         self.target = ModelRunner(target.model, **runner)
-        self.draft_runner = ModelRunner(draft.model, **runner) if draft is not None else None
+        head = frequent_token_ids(self.tokenizer, config.draft_vocab_size, vocab, self.eos_ids)
+        self.draft_runner = ModelRunner(draft.model, **runner, head_rows=head) if draft is not None else None
         self.drafter = DraftModelProposer(self.draft_runner) if self.draft_runner is not None else None
         log.info("execution: target %s path, draft %s, quantize=%s", self.target.path,
                  self.draft_runner.path if self.draft_runner else "none", self.quantize)

@@ -45,9 +45,12 @@ class ModelRunner:
     """Owns a model and its KV cache; turns ragged batches into one packed forward."""
 
     def __init__(self, model: torch.nn.Module, num_slots: int, max_len: int, vocab_size: int,
-                 quantize: Quantize = "none", release_weights: bool = False) -> None:
+                 quantize: Quantize = "none", release_weights: bool = False,
+                 head_rows: list[int] | None = None) -> None:
         """``release_weights``: the runner owns ``model`` and may free the original weights it
-        has copied into prepared kernels (halves peak memory); leave it off for shared models."""
+        has copied into prepared kernels (halves peak memory); leave it off for shared models.
+        ``head_rows``: score only these token ids (``draft_vocab``); every other logit is -inf,
+        so whatever is sampled from the logits has probability 0 outside them."""
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         param = next(model.parameters())
         self.device = param.device
@@ -62,9 +65,11 @@ class ModelRunner:
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.native: NativeLlama | None = None
         if supports_native(model, max_len):
-            self.native = NativeLlama(model, quantize, max_len, release=release_weights)
+            self.native = NativeLlama(model, quantize, max_len, release=release_weights, head_rows=head_rows)
             self.path = "native"
         else:
+            if head_rows:
+                raise ValueError("a reduced draft vocabulary needs the native (Llama-family) path")
             prepare_linears(model, quantize)
             self.body = model.base_model
             self.lm_head = model.get_output_embeddings()
@@ -73,7 +78,13 @@ class ModelRunner:
     def forward(self, items: list[ForwardItem]) -> torch.Tensor:
         """Return float32 logits ``[sum(num_logits), vocab_size]`` in item order."""
         if self.native is not None:
-            return self.native(self._native_batch(items), self.cache)[:, : self.vocab_size]
+            logits = self.native(self._native_batch(items), self.cache)
+            rows = self.native.head_rows
+            if rows is None:
+                return logits[:, : self.vocab_size]
+            full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+            full[:, rows] = logits
+            return full
         return self._packed_forward(items)
 
     def _native_batch(self, items: list[ForwardItem]) -> Batch:

@@ -133,7 +133,10 @@ class DecoderLayer(torch.nn.Module):
 class NativeLlama(torch.nn.Module):
     """The decoder stack and head of a Llama-family model, prepared for specdec's ragged batches."""
 
-    def __init__(self, model: torch.nn.Module, quantize: Quantize, max_len: int, release: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, quantize: Quantize, max_len: int, release: bool = False,
+                 head_rows: list[int] | None = None) -> None:
+        """``head_rows``: score only these token ids (a draft's frequent-vocabulary head); the
+        logits then come back in that order, one column per listed id."""
         super().__init__()
         cfg = model.config
         base = model.base_model
@@ -144,7 +147,12 @@ class NativeLlama(torch.nn.Module):
         self.layers = torch.nn.ModuleList(DecoderLayer(layer, shape, quantize, release) for layer in base.layers)
         self.norm = RMSNorm(base.norm.weight, base.norm.variance_epsilon)
         head = model.get_output_embeddings()
-        self.lm_head: PreparedLinear = prepare_linear(head.weight, getattr(head, "bias", None), quantize)
+        weight, bias = head.weight.detach(), getattr(head, "bias", None)
+        self.head_rows = torch.tensor(head_rows, dtype=torch.long, device=weight.device) if head_rows else None
+        if self.head_rows is not None:
+            weight = weight[self.head_rows]
+            bias = bias.detach()[self.head_rows] if bias is not None else None
+        self.lm_head: PreparedLinear = prepare_linear(weight, bias, quantize)
         if release and head.weight is not base.embed_tokens.weight:
             _release(head)
         self.cos, self.sin = _rope_table(base.rotary_emb, max_len, self.embed)

@@ -109,7 +109,7 @@ def tiny_target(tiny_model_factory: TinyFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory):
-    """The shared tiny-model server (draft speculation, --max-num-seqs 8, no key, no queue limit),
+    """The shared tiny-model server (auto speculation on every step, --max-num-seqs 8, no key, no queue limit),
     a real ``specdec serve`` subprocess on a free loopback port, started once per session."""
     from server_helpers import shared_server, stop_shared, tiny_args
 

@@ -140,7 +140,10 @@ def tiny_args(target: Path, draft: Path, *extra: str) -> list[str]:
     return [
         "--model", str(target), "--draft-model", str(draft), "--served-model-name", "tiny",
         "--device", "cpu", "--dtype", "float32", "--max-num-seqs", str(TINY_MAX_NUM_SEQS),
-        "--max-model-len", str(TINY_MAX_MODEL_LEN), "--seed", "0", *extra,
+        "--max-model-len", str(TINY_MAX_MODEL_LEN), "--seed", "0",
+        # Speculate on every step: on tiny models the cost model may rightly find speculation does
+        # not pay, and these tests are about its mechanics (the policy has tests of its own).
+        "--no-adaptive-speculation", *extra,
     ]
 
 

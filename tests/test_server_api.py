@@ -57,7 +57,7 @@ def test_completion_shape(http: httpx.Client) -> None:
     assert usage["prompt_tokens"] > 0 and 0 < usage["completion_tokens"] <= 8
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     spec = body["speculative"]
-    assert set(spec) == SPEC_KEYS and spec["method"] == "draft"
+    assert set(spec) == SPEC_KEYS and spec["method"] == "auto"
     assert spec["steps"] >= 1 and 0 <= spec["accepted_tokens"] <= spec["draft_tokens"]
     assert 0.0 <= spec["acceptance_rate"] <= 1.0 and spec["mean_accepted_length"] >= 1.0
 
@@ -106,7 +106,7 @@ def test_greedy_speculation_on_equals_off(http: httpx.Client, endpoint: str) -> 
     zero_text, zero_spec = run(num_speculative_tokens=0)
     k2_text, k2_spec = run(num_speculative_tokens=2)
     assert on_text == off_text == zero_text == k2_text
-    assert on_spec["method"] == k2_spec["method"] == "draft" and on_spec["draft_tokens"] > 0
+    assert on_spec["method"] == k2_spec["method"] == "auto" and on_spec["draft_tokens"] > 0
     assert off_spec["method"] == zero_spec["method"] == "none"
     assert off_spec["draft_tokens"] == 0 and off_spec["acceptance_rate"] == 0.0
 

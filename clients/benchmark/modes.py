@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-MODES = ("off", "draft", "ngram")
+MODES = ("off", "draft", "ngram", "auto")
 BASELINES = ("hf", "hf_assisted", "hf_prompt_lookup")
-MODE_TO_METHOD = {"off": "none", "draft": "draft", "ngram": "ngram"}
+MODE_TO_METHOD = {"off": "none", "draft": "draft", "ngram": "ngram", "auto": "auto"}
+NEEDS_DRAFT = ("draft", "auto")

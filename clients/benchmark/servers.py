@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from .modes import MODE_TO_METHOD
+from .modes import MODE_TO_METHOD, NEEDS_DRAFT
 from .progress import log
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ class SpawnedServer:
                "--max-num-seqs", str(args.max_num_seqs or max(args.concurrency))]
         if args.model:
             cmd += ["--model", args.model]
-        if args.draft_model and mode == "draft":
+        if args.draft_model and mode in NEEDS_DRAFT:
             cmd += ["--draft-model", args.draft_model]
         if args.max_model_len:
             cmd += ["--max-model-len", str(args.max_model_len)]
