@@ -72,8 +72,9 @@ def exact_two_token_distribution(model, params: SamplingParams, quantize: str, p
 
 
 def draw(target, draft, params: SamplingParams, quantize: str, method: str = "draft",
-         prompt: list[int] = PROMPT) -> torch.Tensor:
+         prompt: list[int] = PROMPT, draft_vocab_size: int = 0) -> torch.Tensor:
     cfg = EngineConfig(speculative_method=method, num_speculative_tokens=2, adaptive_speculation=False,
+                       draft_vocab_size=draft_vocab_size,
                        max_num_seqs=256, max_model_len=16, max_num_batched_tokens=2048, seed=1234,
                        quantize=quantize)
     eng = Engine.from_loaded(cfg, target, draft)
@@ -143,3 +144,14 @@ def test_auto_mixes_lookup_and_draft_rows_and_keeps_the_distribution(tiny_vocab_
     prompt = list(range(2, 12))  # distinct tokens: most first tokens recur in it, so lookups hit
     probs = exact_two_token_distribution(target.model, params, "int8", prompt)
     assert chi_square_p(draw(target, draft, params, "int8", method="auto", prompt=prompt), probs) > 1e-3
+
+
+@pytest.mark.slow
+def test_a_draft_head_over_part_of_the_vocabulary_keeps_the_distribution(tiny_vocab_pair):
+    """FR-Spec: the draft scores only tokens 0..7 of 16; q is 0 elsewhere and still exact."""
+    target, draft = tiny_vocab_pair
+    params = SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True)
+    probs = exact_two_token_distribution(target.model, params, "int8")
+    counts = draw(target, draft, params, "int8", draft_vocab_size=8)
+    assert counts.view(VOCAB, VOCAB)[:, 8:].sum() > 0  # the target still reaches the other half
+    assert chi_square_p(counts, probs) > 1e-3

@@ -145,3 +145,17 @@ def test_auto_greedy_equals_target_only_and_uses_both_proposers(pair, adaptive):
     if not adaptive:  # every step speculates, so both proposers must have been exercised
         by_source = eng.metrics.draft_tokens_by_source
         assert by_source.get("ngram", 0) > 0 and by_source.get("draft", 0) > 0, by_source
+
+
+def test_a_reduced_draft_head_proposes_only_its_tokens_and_stays_exact(pair):
+    target, draft = pair
+    base = dict(num_speculative_tokens=3, seed=0, adaptive_speculation=False, max_num_seqs=4)
+    alone = Engine.from_loaded(EngineConfig(speculative_method="none", **base), target).generate(PROMPTS, GREEDY)
+    eng = Engine.from_loaded(EngineConfig(speculative_method="draft", draft_vocab_size=2000, **base), target, draft)
+    assert [c.token_ids for c in eng.generate(PROMPTS, GREEDY)] == [c.token_ids for c in alone]
+    from specdec_core.model_runner import ForwardItem
+
+    logits = eng.draft_runner.forward([ForwardItem(0, 0, [1, 2, 3], 1)])[0]
+    scored = torch.isfinite(logits).nonzero().flatten().tolist()
+    assert scored[:2000] == list(range(2000)) and set(scored[2000:]) <= eng.eos_ids | set(
+        eng.tokenizer.all_special_ids)
