@@ -130,6 +130,11 @@ def serve(settings: ServerSettings) -> int:
     """Run a server until it is told to stop; returns the process exit status."""
     configure_logging(settings.log_level)
     logging.getLogger("uvicorn.error").addFilter(UvicornStartupLines())
+    if not sys.stderr.isatty():
+        # Progress bars belong on a terminal, never inside JSON log lines; the loading phases log
+        # their progress instead (specdec_core.progress_log). tqdm reads this when it is imported,
+        # which has not happened yet: the models are imported by the engine's loader.
+        os.environ.setdefault("TQDM_DISABLE", "1")
     server: DrainingServer | None = None
 
     def on_fatal(code: int) -> None:

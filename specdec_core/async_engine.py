@@ -22,6 +22,7 @@ from .config import EngineConfig
 from .engine import Engine
 from .metrics import EngineMetrics
 from .outputs import RequestOutput
+from .progress_log import phase
 from .request import Request
 from .sampling_params import SamplingParams
 
@@ -93,7 +94,13 @@ class AsyncEngine:
 
         def run() -> None:
             try:
-                self.engine = engine or Engine(config, progress=progress)
+                if engine is not None:
+                    self.engine = engine
+                else:
+                    # The phases inside log themselves; this one keeps the gaps between them (kernel
+                    # preparation, calibration) from going silent.
+                    with phase(log, "starting the engine (loading the models, preparing their kernels, calibrating)"):
+                        self.engine = Engine(config, progress=progress)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the constructor's thread
                 failure.append(exc)
                 return
