@@ -1,17 +1,25 @@
 """Locust load test: users that stream /v1/completions and record TTFT and inter-token latency.
 
-Headless, bounded run against a local server (4 users, spawned 2 per second, for 30 seconds):
+Headless, bounded run against a local server (4 users, spawned 2 per second, for 3 minutes: the
+default pair on a 2-core CPU needs that long for streams to end; 30 s is enough for SmolLM2):
 
-    locust -f clients/locustfile.py --headless -u 4 -r 2 -t 30s --host http://127.0.0.1:8000
+    locust -f clients/locustfile.py --headless -u 4 -r 2 -t 3m --host http://127.0.0.1:8000
 
-Besides the ordinary ``POST /v1/completions`` entry (time until the response headers arrive), each
-streamed request fires custom events with request_type ``SSE``:
+Besides the ordinary ``POST /v1/completions (stream)`` entry (time until the response headers
+arrive, recorded when the stream ends), each streamed request fires custom events with
+request_type ``SSE``:
 
-- ``time_to_first_token``: from sending the request to the first chunk with text (ms);
-- ``inter_token_latency``: one event per gap between two consecutive text chunks (ms). A chunk may
-  carry several tokens when drafts were accepted, so this is the latency a streaming client sees;
+- ``time_to_first_token``: from sending the request to the first chunk with text (ms), fired when
+  that chunk arrives;
+- ``inter_token_latency``: one event per gap between two consecutive text chunks (ms), fired as
+  each chunk arrives. A chunk may carry several tokens when drafts were accepted, so this is the
+  latency a streaming client sees;
 - ``time_per_output_token``: (last chunk - first chunk) / (completion tokens - 1), one per request;
 - ``stream_total``: the whole stream, with the completion token count as response length.
+
+The first two are recorded as the chunks arrive, not when the stream ends, so even a run shorter
+than one whole stream (a slow CPU, long outputs) shows them; the last two and the request entry
+need finished streams.
 
 A stream that ends without ``data: [DONE]``, carries an error event or returns a non-200 status is
 reported as a failure. Environment knobs: ``SPECDEC_API_KEY`` (Bearer token), ``SPECDEC_MODEL``
@@ -96,7 +104,6 @@ class StreamingCompletionUser(HttpUser):
 
         start = time.perf_counter()
         first = last = None
-        gaps: list[float] = []
         completion_tokens = 0
         done = False
         error: str | None = None
@@ -121,10 +128,13 @@ class StreamingCompletionUser(HttpUser):
                     continue
                 now = time.perf_counter()
                 if any(c.get("text") for c in chunk.get("choices") or []):
+                    # Recorded now, as the chunk arrives: a stream still running when the test
+                    # ends has already counted its first token and its gaps.
                     if first is None:
                         first = now
+                        fire(self.environment, "time_to_first_token", (now - start) * 1000)
                     else:
-                        gaps.append(now - last)
+                        fire(self.environment, "inter_token_latency", (now - last) * 1000)
                     last = now
                 if chunk.get("usage"):
                     completion_tokens = chunk["usage"].get("completion_tokens", completion_tokens)
@@ -136,11 +146,6 @@ class StreamingCompletionUser(HttpUser):
                 return
             resp.success()
 
-        if first is not None:
-            fire(self.environment, "time_to_first_token", (first - start) * 1000)
-            for gap in gaps:
-                fire(self.environment, "inter_token_latency", gap * 1000)
-            if completion_tokens > 1:
-                fire(self.environment, "time_per_output_token", (last - first) * 1000 / (completion_tokens - 1))
+        if first is not None and completion_tokens > 1:
+            fire(self.environment, "time_per_output_token", (last - first) * 1000 / (completion_tokens - 1))
         fire(self.environment, "stream_total", total * 1000, completion_tokens)
-

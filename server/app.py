@@ -25,9 +25,6 @@ from server.state import Phase, ServerState
 
 log = structlog.get_logger("specdec.server")
 
-ENGINE_SHUTDOWN_TIMEOUT_S = 30.0
-
-
 def build_app(
     settings: ServerSettings,
     *,
@@ -48,8 +45,7 @@ def build_app(
             state.phase = Phase.STOPPED
             loader.cancel()
             await asyncio.gather(loader, return_exceptions=True)
-            if not await host.stop(ENGINE_SHUTDOWN_TIMEOUT_S):
-                log.warning("engine did not shut down in time", timeout_s=ENGINE_SHUTDOWN_TIMEOUT_S)
+            await host.stop()
 
     middleware = [Middleware(RequestLogMiddleware, metrics=state.metrics)]
     if settings.api_key:
@@ -66,6 +62,7 @@ def build_app(
         max_body_size=settings.max_body_bytes,
     )
     app.state.server = state
+    app.state.engine_host = host
     return app
 
 

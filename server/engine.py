@@ -14,9 +14,16 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+import structlog
 from specdec_core.config import EngineConfig
 from specdec_core.outputs import RequestOutput
 from specdec_core.sampling_params import SamplingParams
+
+log = structlog.get_logger("specdec.server")
+
+# How often a shutdown that waits for a long engine step says so.
+ENGINE_WAIT_LOG_S = 10.0
+
 
 class RequestStreamLike(Protocol):
     request_id: str
@@ -115,18 +122,24 @@ class EngineHost:
         self._thread.start()
         return await built
 
-    async def stop(self, timeout: float) -> bool:
-        """Shut the engine down (on its host thread). Returns False if that took over ``timeout``."""
+    @property
+    def busy(self) -> bool:
+        """True while the host thread may still be inside torch: loading the engine, or running it
+        when it was never stopped (a forced exit). Past ``_stopped`` it only returns."""
+        return self._thread is not None and not self._stopped.is_set()
+
+    async def stop(self) -> None:
+        """Shut the engine down on its host thread and wait for it, however long the step in flight
+        takes (a long prefill): exiting under a running step aborts the process. The wait is
+        logged every ``ENGINE_WAIT_LOG_S`` so a slow stop is visible, not silent.
+
+        While the engine is still loading there is nothing to stop: the runner exits without
+        waiting for the load (see ``server.runner``)."""
         self._stop.set()
-        if self._thread is None:
-            return True
-        if not self._built.is_set():
-            # Still loading: nothing to shut down yet. The daemon thread shuts the engine down if
-            # the load finishes before the process exits, and dies with the process otherwise.
-            return True
-        deadline = time.monotonic() + timeout
-        while not self._stopped.is_set():
-            if time.monotonic() > deadline:
-                return False  # still loading, or a stuck shutdown; the daemon thread dies with us
-            await asyncio.sleep(0.05)
-        return True
+        if self._thread is None or not self._built.is_set():
+            return
+        log.info("stopping the engine at its next step boundary")
+        started = time.monotonic()
+        while not await asyncio.to_thread(self._stopped.wait, ENGINE_WAIT_LOG_S):
+            log.info("waiting for the engine to finish its current step", waited_s=round(time.monotonic() - started, 1))
+        log.info("engine stopped", waited_s=round(time.monotonic() - started, 1))

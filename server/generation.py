@@ -127,6 +127,8 @@ class Generation:
         while not self.all_finished:
             index, item = await self._queue.get()
             choice = self.choices[index]
+            if choice.finished:  # e.g. the engine's own end arriving after abort() ended it here
+                continue
             if isinstance(item, BaseException):
                 log.error("engine stream failed", request_id=self.request_id, choice=index, error=repr(item))
                 item = RequestOutput(
@@ -196,7 +198,18 @@ class Generation:
         return self._closed
 
     def abort(self) -> None:
-        """Abort every unfinished choice (its stream then ends with finish_reason 'abort')."""
+        """End every unfinished choice now with finish_reason 'abort' (shutdown past its grace
+        period) and tell the engine to stop them.
+
+        The end is local on purpose: the engine answers an abort only at its next step boundary,
+        and a step can be long (a long prefill); the client's response must not wait for it. The
+        engine frees the requests' caches when its step ends."""
+        for index, choice in self.choices.items():
+            if not choice.finished:
+                self._queue.put_nowait((index, RequestOutput(
+                    request_id=f"{self.request_id}-{index}", token_ids=[], text="", finished=True,
+                    finish_reason="abort",
+                )))
         self._abort_streams()
 
     def _abort_streams(self) -> None:

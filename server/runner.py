@@ -2,15 +2,26 @@
 
 uvicorn's own handling stops the server at once and re-raises the signal afterwards (so the
 process dies *by* SIGTERM). A serving process should instead stop admitting (503), let in-flight
-requests and streams finish within a grace period, abort what is left, and exit cleanly. A second
-signal skips the grace period.
+requests and streams finish within a grace period, end what is left (each stream with an error
+event and ``data: [DONE]``, each waiting request with a 503), stop the engine at a step boundary,
+wait for it, and exit 0. A second signal skips the grace period; a third one stops waiting for
+connections.
+
+The process never exits while a thread is inside torch (torch aborts it: "terminate called
+without an active exception"): the engine is waited for, and a process stopped while the model
+is still loading (or forced out) leaves with ``os._exit`` instead of running the interpreter's
+teardown under the loading thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import signal
+import socket
+import sys
 import time
 from collections.abc import Iterator
 from types import FrameType
@@ -48,6 +59,19 @@ class DrainingServer(uvicorn.Server):
         finally:
             for sig in handled:
                 loop.remove_signal_handler(sig)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """Say what listening means: uvicorn's own "running"/"startup complete" lines (filtered
+        out, see ``UvicornStartupLines``) come before the model is loaded."""
+        await super().startup(sockets)
+        if not self.started:
+            return
+        url = self.state.settings.url
+        if self.state.phase is Phase.LOADING:
+            log.info(f"listening on {url}; the model is still loading: /health and generation answer 503 "
+                     "until the 'ready' line", url=url)
+        else:
+            log.info(f"listening on {url}", url=url, phase=self.state.phase.value)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._on_signal(signal.Signals(sig))
@@ -91,9 +115,26 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+class UvicornStartupLines(logging.Filter):
+    """Drops uvicorn's startup lines ("Uvicorn running on ...", "Application startup complete."):
+    they read as "ready" while the model is still loading. ``DrainingServer.startup`` logs what
+    is true instead, and the app logs "ready" when the model is."""
+
+    PREFIXES = ("Uvicorn running on", "Application startup complete", "Waiting for application startup")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(self.PREFIXES))
+
+
 def serve(settings: ServerSettings) -> int:
     """Run a server until it is told to stop; returns the process exit status."""
     configure_logging(settings.log_level)
+    logging.getLogger("uvicorn.error").addFilter(UvicornStartupLines())
+    if not sys.stderr.isatty():
+        # Progress bars belong on a terminal, never inside JSON log lines; the loading phases log
+        # their progress instead (specdec_core.progress_log). tqdm reads this when it is imported,
+        # which has not happened yet: the models are imported by the engine's loader.
+        os.environ.setdefault("TQDM_DISABLE", "1")
     server: DrainingServer | None = None
 
     def on_fatal(code: int) -> None:
@@ -116,4 +157,13 @@ def serve(settings: ServerSettings) -> int:
     )
     server = DrainingServer(config, app.state.server)
     server.run()
+    if app.state.engine_host.busy:
+        # Stopped while the model was loading (or forced out of waiting for the engine): the
+        # thread is inside torch, and the interpreter's teardown would abort the process under it.
+        # Partial conversions are removed by the next start (specdec_core.stale_partials).
+        log.info("exiting without waiting for the engine thread", reason="still loading" if server.state.engine is None else "forced")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(server.exit_code)
     return server.exit_code

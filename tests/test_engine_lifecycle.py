@@ -208,6 +208,67 @@ def test_async_engine_queues_beyond_max_num_seqs_and_aborts(pair):
         aeng.shutdown()
 
 
+def test_aborted_stream_ends_with_the_engines_abort_output(pair):
+    """abort() must not end the stream by itself: the engine's final output (finish_reason
+    "abort", with the request's stats) is still delivered, so a reader never waits for an item
+    that was dropped (the cause of streams hanging at shutdown)."""
+    eng = make(pair)
+    aeng = AsyncEngine(EngineConfig(), engine=eng)
+
+    async def scenario():
+        stream = aeng.add_request(PROMPTS[0], SamplingParams(max_tokens=1000, temperature=0.0, ignore_eos=True))
+        first = await stream.__anext__()
+        assert not first.finished
+        stream.abort()
+        stream.abort()  # idempotent
+        outputs = [out async for out in stream]
+        assert outputs, "the stream ended without its final output"
+        assert all(not out.finished for out in outputs[:-1])
+        last = outputs[-1]
+        assert last.finished and last.finish_reason == "abort"
+        assert last.stats is not None and last.stats.completion_tokens < 1000
+        assert aeng.num_unfinished == 0
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        assert aeng.shutdown()
+
+
+def test_shutdown_waits_for_the_step_in_flight_and_aborts_the_rest(pair, monkeypatch):
+    """shutdown() returns only once the loop left its step (never with the thread inside a torch
+    call), and streams still open end with finish_reason "abort", not an error."""
+    import threading
+
+    eng = make(pair)
+    in_step, release = threading.Event(), threading.Event()
+    real_step = eng.step
+
+    def held_step():
+        in_step.set()
+        release.wait()
+        return real_step()
+
+    monkeypatch.setattr(eng, "step", held_step)
+    aeng = AsyncEngine(EngineConfig(), engine=eng)
+
+    async def scenario():
+        stream = aeng.add_request(PROMPTS[0], SamplingParams(max_tokens=1000, temperature=0.0, ignore_eos=True))
+        assert await asyncio.to_thread(in_step.wait, 60)
+        stopper = asyncio.create_task(asyncio.to_thread(aeng.shutdown))
+        # The thread is held inside its step: shutdown must still be waiting, whatever the timeout.
+        assert not await asyncio.to_thread(aeng.shutdown, 0.2)
+        assert not stopper.done()
+        release.set()
+        assert await stopper
+        outputs = [out async for out in stream]
+        assert outputs[-1].finished and outputs[-1].finish_reason == "abort" and outputs[-1].error is None
+        with pytest.raises(EngineDeadError):
+            aeng.add_request(PROMPTS[0], SamplingParams())
+
+    asyncio.run(scenario())
+
+
 def test_dead_engine_loop_is_visible(pair, monkeypatch):
     eng = make(pair)
     aeng = AsyncEngine(EngineConfig(), engine=eng)

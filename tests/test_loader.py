@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -104,10 +105,46 @@ def test_quantize_auto_is_int8_on_cpu_and_int8_refused_elsewhere() -> None:
 
 
 @pytest.fixture(scope="module")
-def smol_converted(tmp_path_factory: pytest.TempPathFactory, smol_gguf: Path) -> tuple[Path, LoadedModel]:
+def conversion_log() -> list[logging.LogRecord]:
+    """What ``specdec_core`` logged while ``smol_converted`` converted (filled by it)."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def smol_converted(
+    tmp_path_factory: pytest.TempPathFactory, smol_gguf: Path, conversion_log: list[logging.LogRecord]
+) -> tuple[Path, LoadedModel]:
     """The first load of the SmolLM2 GGUF into a fresh cache: this one converts."""
     cache = tmp_path_factory.mktemp("specdec_cache")
-    return cache, _load(smol_gguf, cache)
+    logger = logging.getLogger("specdec_core")
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = conversion_log.append  # type: ignore[method-assign]
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        return cache, _load(smol_gguf, cache)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+@pytest.mark.slow
+def test_gguf_conversion_tells_each_phase_at_info(
+    smol_converted: tuple[Path, LoadedModel], conversion_log: list[logging.LogRecord]
+) -> None:
+    """A first start converts for minutes: each phase says when it starts and ends, at info (it
+    is routine, not a warning), so the log reads as a story instead of a silence."""
+    assert all(r.levelno == logging.INFO for r in conversion_log), [(r.levelname, r.getMessage()) for r in conversion_log]
+    messages = [r.getMessage() for r in conversion_log]
+    phases = ["converting SmolLM2", "reading and dequantizing", "of safetensors in", "converting the tokenizer",
+              "loading the target model"]
+    for name in phases:
+        started = [i for i, m in enumerate(messages) if name in m and ": done in " not in m and not m.startswith("still ")]
+        ended = [i for i, m in enumerate(messages) if name in m and ": done in " in m]
+        assert started and ended and started[0] < ended[0], (name, messages)
+    starts = [next(i for i, m in enumerate(messages) if name in m) for name in phases]
+    assert starts == sorted(starts), messages
 
 
 @pytest.mark.slow

@@ -67,8 +67,19 @@ def test_sigterm_drains_inflight_stream_then_exits_zero(own_server: ServerProces
     assert finishes == ["length"]
     assert own_server.proc.wait(timeout=30) == 0
 
-    records = json_records(own_server.logs())
+    logs = own_server.logs()
+    # Progress bars belong on a terminal: with stderr a pipe, every line is one JSON object.
+    assert all(line.startswith("{") for line in logs.splitlines() if line.strip()), logs[:3000]
+    records = json_records(logs)
     assert any(rec["event"].startswith("ready") and rec.get("url") == url + "/v1" for rec in records)
+    # The loading story, in order; nothing before "ready" claims the server is up (uvicorn's own
+    # "running on"/"startup complete" lines come before the model is loaded).
+    events = [rec["event"] for rec in records]
+    story = ["listening on", "starting the engine (", "loading the target model", "loading the draft model",
+             "starting the engine (loading the models, preparing their kernels, calibrating): done", "ready: serving"]
+    positions = [next((i for i, e in enumerate(events) if e.startswith(step)), -1) for step in story]
+    assert -1 not in positions and positions == sorted(positions), list(zip(story, positions))
+    assert not any(e.startswith(("Uvicorn running", "Application startup complete")) for e in events)
     assert any(rec["event"].startswith("drained") for rec in records)
     mine = [rec for rec in records if rec["event"] == "request" and rec.get("request_id") == request_id]
     assert len(mine) == 1, "exactly one log line per request"
