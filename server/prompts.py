@@ -3,6 +3,11 @@
 The server tokenizes itself (rather than handing text to the engine) so it knows each prompt's
 length up front: a request that cannot fit in ``max_model_len`` is refused with OpenAI's
 "maximum context length" 400 instead of failing later inside the engine.
+
+Tokenizing and rendering a chat template take time that grows with the prompt, so the routes run
+``tokenize_prompts`` and ``render_chat`` off the event loop (``asyncio.to_thread``); the
+tokenizer releases the GIL while it encodes. Prompt sizes are bounded before this
+(``--max-prompt-chars``, see ``server.limits``).
 """
 
 from __future__ import annotations
@@ -10,6 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from server.errors import invalid_request
+
+
+def tokenize_prompts(tokenizer: Any, prompts: list[str | list[int]], vocab_size: int) -> list[list[int]]:
+    """Token ids of every prompt of a completions request, in order (the first bad one is a 400)."""
+    return [tokenize_prompt(tokenizer, p, vocab_size) for p in prompts]
 
 
 def tokenize_prompt(tokenizer: Any, prompt: str | list[int], vocab_size: int, param: str = "prompt") -> list[int]:

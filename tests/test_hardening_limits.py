@@ -1,5 +1,5 @@
 """Hardening against hostile or careless requests (issue 13): bounded stop-string work, per-request
-limits, nothing user-sized on the event loop, and no control tokens smuggled in through chat content.
+limits, nothing user-sized on the event loop.
 
 Work is measured by counting (bytecodes, automaton transitions, ids), never by the clock.
 """
@@ -7,9 +7,12 @@ Work is measured by counting (bytecodes, automaton transitions, ids), never by t
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
+import httpx
 import pytest
+from server_helpers import TINY_MAX_MODEL_LEN, FakeEngine, ServerProcess, ThreadServer, tiny_args
 
 import specdec_core
 from specdec_core.detokenizer import IncrementalDetokenizer
@@ -115,3 +118,139 @@ def test_where_the_text_stops_does_not_depend_on_how_tokens_arrive(tok, chunk) -
     text, n_kept, _ = feed(tok, ids, stops, chunk)
     assert text == first_stop_reference(tok.decode(ids), stops) == "one "
     assert n_kept == len(tok.encode("one two", add_special_tokens=False))
+
+
+# -- per-request limits: a 400 that names the limit and how to raise it -------------------------------
+
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+P = {"model": "tiny", "prompt": "Hello", "max_tokens": 1}
+M = {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1}
+# The defaults (see ServerSettings) at the tiny server's --max-model-len 512.
+DEFAULT_PROMPT_CHARS = 64 * TINY_MAX_MODEL_LEN
+
+
+def limit_error(r: httpx.Response, param: str, flag: str) -> str:
+    assert r.status_code == 400, r.text
+    assert r.headers.get("x-request-id")
+    err = r.json()["error"]
+    assert (err["type"], err["param"], err["code"]) == ("invalid_request_error", param, "limit_exceeded"), err
+    env = "SPECDEC_" + flag[2:].upper().replace("-", "_")
+    assert flag in err["message"] and env in err["message"], err["message"]
+    return err["message"]
+
+
+DEFAULT_LIMITS = [
+    ("stop-count", C, {**P, "stop": [f"s{i}" for i in range(17)]}, "stop", "--max-stop-strings"),
+    ("stop-chars", CHAT, {**M, "stop": ["x" * 4000, "y" * 97]}, "stop", "--max-stop-chars"),
+    ("stop-ids", C, {**P, "stop_token_ids": list(range(65))}, "stop_token_ids", "--max-stop-token-ids"),
+    ("prompt-chars", C, {**P, "prompt": ["x" * DEFAULT_PROMPT_CHARS, "y"]}, "prompt", "--max-prompt-chars"),
+    ("content-chars", CHAT, {**M, "messages": [{"role": "user", "content": "x" * (DEFAULT_PROMPT_CHARS + 1)}]},
+     "messages", "--max-prompt-chars"),
+    ("prompts-x-n", C, {**P, "prompt": ["a", "b", "c"], "n": 43}, "prompt", "--max-sequences-per-request"),
+    ("token-prompts-x-n", C, {**P, "prompt": [[1, 2]] * 129}, "prompt", "--max-sequences-per-request"),
+]
+
+
+@pytest.mark.parametrize("case", DEFAULT_LIMITS, ids=[c[0] for c in DEFAULT_LIMITS])
+def test_default_limits_refuse_with_a_400_naming_the_flag(tiny_server: ServerProcess, case) -> None:
+    _, path, body, param, flag = case
+    limit_error(httpx.post(tiny_server.url + path, json=body, timeout=60), param, flag)
+
+
+def test_requests_at_the_default_limits_are_served(tiny_server: ServerProcess) -> None:
+    at_limit = {**P, "stop": [f"s{i}" for i in range(15)] + ["z" * (4096 - 15 * 3)],
+                "stop_token_ids": list(range(1000, 1064)), "prompt": ["Hello"] * 2, "n": 64}
+    r = httpx.post(tiny_server.url + C, json=at_limit, timeout=120)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == 128
+
+
+@pytest.fixture(scope="module")
+def tight_server(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory):
+    """Limits set by flag and by environment."""
+    srv = ServerProcess(
+        [*tiny_args(tiny_target, tiny_draft), "--max-stop-strings", "2", "--max-prompt-chars", "40"],
+        tmp_path_factory.mktemp("tight") / "server.log",
+        env={"SPECDEC_MAX_SEQUENCES_PER_REQUEST": "3", "SPECDEC_MAX_STOP_TOKEN_IDS": "1"},
+    )
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        assert srv.terminate(timeout=20) == 0
+
+
+def test_limits_follow_their_flags_and_variables(tight_server: ServerProcess) -> None:
+    url = tight_server.url
+    message = limit_error(httpx.post(url + C, json={**P, "stop": ["a", "b", "c"]}), "stop", "--max-stop-strings")
+    assert "has 3 strings" in message and "at most 2" in message
+    limit_error(httpx.post(url + C, json={**P, "prompt": "x" * 41}), "prompt", "--max-prompt-chars")
+    limit_error(httpx.post(url + C, json={**P, "n": 4}), "n", "--max-sequences-per-request")
+    limit_error(httpx.post(url + C, json={**P, "stop_token_ids": [5, 6]}), "stop_token_ids", "--max-stop-token-ids")
+    ok = httpx.post(url + C, json={**P, "prompt": "x" * 40, "stop": ["a", "b"], "n": 3, "stop_token_ids": [5]}, timeout=60)
+    assert ok.status_code == 200, ok.text
+
+
+# -- nothing user-sized on the event loop --------------------------------------------------------------
+
+
+class GatedTokenizer:
+    """The real tokenizer, except that encoding and template rendering wait for ``gate`` (after
+    setting ``entered``): a test can hold a request inside tokenization for as long as it likes."""
+
+    def __init__(self, tok) -> None:
+        self._tok = tok
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self._tok, name)
+
+    def __len__(self) -> int:
+        return len(self._tok)
+
+    def _hold(self) -> None:
+        self.entered.set()
+        assert self.gate.wait(120), "the test never opened the gate"
+
+    def __call__(self, *args, **kwargs):
+        self._hold()
+        return self._tok(*args, **kwargs)
+
+    def apply_chat_template(self, *args, **kwargs):
+        self._hold()
+        return self._tok.apply_chat_template(*args, **kwargs)
+
+
+BIG = "word " * 20_000  # 100,000 characters: within the default limit at --max-model-len 2048
+
+
+@pytest.mark.parametrize("path,body", [
+    (C, {"model": "fake", "prompt": BIG, "max_tokens": 2}),
+    (CHAT, {"model": "fake", "messages": [{"role": "user", "content": BIG}], "max_tokens": 2}),
+], ids=["completions", "chat"])
+def test_health_answers_while_a_large_prompt_is_being_tokenized(tok, path, body) -> None:
+    """The request is held inside the tokenizer (or the chat template) until /health has answered:
+    with tokenization on the event loop, /health could not answer until the gate opened."""
+    from server.app import build_app
+    from server.settings import ServerSettings
+
+    gated = GatedTokenizer(tok)
+    fake = FakeEngine(gated)
+    fake.max_model_len = 40_000
+    app = build_app(ServerSettings(served_model_name="fake"), engine_factory=lambda cfg: fake)
+    with ThreadServer(app) as srv:
+        srv.wait_for(lambda: httpx.get(srv.url + "/health").status_code == 200)
+        done: dict[str, httpx.Response] = {}
+        sender = threading.Thread(target=lambda: done.update(r=httpx.post(srv.url + path, json=body, timeout=120)))
+        sender.start()
+        try:
+            assert gated.entered.wait(60), "the request never reached the tokenizer"
+            health = httpx.get(srv.url + "/health", timeout=10)
+            assert not gated.gate.is_set()
+        finally:
+            gated.gate.set()
+            sender.join(120)
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    assert done["r"].status_code == 200, done["r"].text
+    assert done["r"].json()["usage"]["prompt_tokens"] > 10_000
