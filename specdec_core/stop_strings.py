@@ -13,6 +13,9 @@ Transitions: the trie's edges, else the failure link (the next shorter suffix th
 Each character adds at most one level of depth and each failure step removes at least one, so a
 text of m characters costs at most 2m steps in all, and one call at most its own characters plus
 the depth it started at (bounded by the longest stop string).
+
+Building costs time and memory in the total length of the stop strings (about 7 us and 270 bytes
+per character in CPython), once per set; the server bounds that length (``--max-stop-chars``).
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ class StopAutomaton:
         return node
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=16)
 def stop_automaton(stops: tuple[str, ...]) -> StopAutomaton:
     """The automaton for ``stops``; cached, since a request's choices (and many requests) repeat them."""
     return StopAutomaton(stops)
