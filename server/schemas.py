@@ -353,8 +353,8 @@ class ChatCompletionRequest(GenerationRequest):
     @classmethod
     def _messages_within_limit(cls, value: Any, info: ValidationInfo) -> Any:
         settings = limits.settings_of(info)
-        if settings is not None and isinstance(value, list):  # each renders to more than a character
-            limits.check_count(len(value), settings.prompt_chars_limit, "max_prompt_chars", "messages")
+        if settings is not None and isinstance(value, list):  # counted before the messages are validated
+            limits.check_count(len(value), settings.max_messages, "max_messages", "messages")
         return value
 
     @field_validator("messages")

@@ -65,6 +65,8 @@ class ServerSettings:
         default_help=f"{PROMPT_CHARS_PER_TOKEN} x --max-model-len"))
     max_sequences_per_request: int = field(default=128, metadata=_flag(
         "most sequences one request may ask for: prompts x 'n'", minimum=1, group="limits"))
+    max_messages: int = field(default=2048, metadata=_flag(
+        "most messages one chat request may hold", minimum=1, group="limits"))
     allow_special_tokens_in_content: bool = field(default=False, metadata=_flag(
         "encode special-token text inside chat messages (e.g. '<|im_end|>') as the special tokens "
         "themselves, as the chat template's own ones are; by default it is plain text, so a message "

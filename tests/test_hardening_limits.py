@@ -146,6 +146,7 @@ DEFAULT_LIMITS = [
     ("prompt-chars", C, {**P, "prompt": ["x" * DEFAULT_PROMPT_CHARS, "y"]}, "prompt", "--max-prompt-chars"),
     ("content-chars", CHAT, {**M, "messages": [{"role": "user", "content": "x" * (DEFAULT_PROMPT_CHARS + 1)}]},
      "messages", "--max-prompt-chars"),
+    ("messages", CHAT, {**M, "messages": [{"role": "user", "content": "hi"}] * 2049}, "messages", "--max-messages"),
     ("prompts-x-n", C, {**P, "prompt": ["a", "b", "c"], "n": 43}, "prompt", "--max-sequences-per-request"),
     ("token-prompts-x-n", C, {**P, "prompt": [[1, 2]] * 129}, "prompt", "--max-sequences-per-request"),
 ]
@@ -163,6 +164,10 @@ def test_requests_at_the_default_limits_are_served(tiny_server: ServerProcess) -
     r = httpx.post(tiny_server.url + C, json=at_limit, timeout=120)
     assert r.status_code == 200, r.text
     assert len(r.json()["choices"]) == 128
+    # 2048 messages pass the limits, and fail only because they do not fit the tiny context.
+    many = {**M, "messages": [{"role": "user", "content": "hi"}] * 2048}
+    r = httpx.post(tiny_server.url + CHAT, json=many, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
 
 
 @pytest.fixture(scope="module")
