@@ -54,7 +54,10 @@ def check_sequences(prompts: int, n: int, settings: ServerSettings) -> None:
     """Every prompt runs ``n`` times: a request is that many engine sequences."""
     limit = settings.max_sequences_per_request
     if prompts * n > limit:
-        asked = f"asks for {n} sequences" if prompts == 1 else f"has {prompts} prompts, with 'n' = {n} that is {prompts * n} sequences"
+        if prompts == 1:
+            asked = f"asks for {n} sequences"
+        else:
+            asked = f"has {prompts} prompts, with 'n' = {n} that is {prompts * n} sequences"
         raise exceeded("max_sequences_per_request", asked, limit)
 
 

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_helpers import TINY_MAX_MODEL_LEN, FakeEngine, ServerProcess, ThreadServer, tiny_args
+from server_helpers import (
+    TINY_MAX_MODEL_LEN,
+    FakeEngine,
+    ServerProcess,
+    ThreadServer,
+    tiny_args,
+)
 
 import specdec_core
 from specdec_core.detokenizer import IncrementalDetokenizer
