@@ -90,7 +90,9 @@ class Generation:
 
     # -- submission --------------------------------------------------------------------------
     def start(self) -> None:
-        """Admit (429 when the queue is full) and submit every choice; all or nothing."""
+        """Admit (429 when the queue is full) and submit every choice; all or nothing. The phase is
+        checked again: the route awaited tokenization since it first looked (a drain may have begun)."""
+        self.state.require_engine()
         self.state.admit(self.engine, len(self.jobs))
         try:
             for job in self.jobs:

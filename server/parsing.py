@@ -10,12 +10,16 @@ context, never parsed out of pydantic's text.
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from server.errors import APIError, invalid_request, unsupported
+from server.limits import LIMIT_EXCEEDED
+
+if TYPE_CHECKING:
+    from server.settings import ServerSettings
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -38,12 +42,14 @@ _TYPE_ERRORS = {
 _BOUNDS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
 
 
-def parse_body(model: type[M], raw: bytes) -> M:
-    """Validate a request body; raises the 400 ``APIError`` for its first problem."""
+def parse_body(model: type[M], raw: bytes, settings: ServerSettings | None = None) -> M:
+    """Validate a request body under the server's per-request limits (``server.limits``; none
+    without ``settings``); raises the 400 ``APIError`` for its first problem. The work grows with
+    the body: call it off the event loop."""
     if not raw.strip():
         raise invalid_request("The request body is empty; send a JSON object.")
     try:
-        return model.model_validate_json(raw)
+        return model.model_validate_json(raw, context=None if settings is None else {"settings": settings})
     except ValidationError as exc:
         raise to_api_error(exc.errors(include_url=False)[0]) from None
 
@@ -69,6 +75,8 @@ def to_api_error(error: ErrorDetails) -> APIError:
     field = f"'{param}'"
     if kind == "unsupported_parameter":
         return unsupported(param, error["msg"])
+    if kind == LIMIT_EXCEEDED:
+        return invalid_request(f"{field} {error['msg']}", param, code=LIMIT_EXCEEDED)
     if kind == "invalid_value":
         message = f"{field} {error['msg']}"
     elif kind == "missing":

@@ -3,6 +3,11 @@
 The server tokenizes itself (rather than handing text to the engine) so it knows each prompt's
 length up front: a request that cannot fit in ``max_model_len`` is refused with OpenAI's
 "maximum context length" 400 instead of failing later inside the engine.
+
+Tokenizing and rendering a chat template take time that grows with the prompt, so the routes run
+``tokenize_prompts`` and ``render_chat`` off the event loop (``asyncio.to_thread``); the
+tokenizer releases the GIL while it encodes. Prompt sizes are bounded before this
+(``--max-prompt-chars``, see ``server.limits``).
 """
 
 from __future__ import annotations
@@ -10,6 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from server.errors import invalid_request
+
+
+def tokenize_prompts(tokenizer: Any, prompts: list[str | list[int]], vocab_size: int) -> list[list[int]]:
+    """Token ids of every prompt of a completions request, in order (the first bad one is a 400)."""
+    return [tokenize_prompt(tokenizer, p, vocab_size) for p in prompts]
 
 
 def tokenize_prompt(tokenizer: Any, prompt: str | list[int], vocab_size: int, param: str = "prompt") -> list[int]:
@@ -30,24 +40,30 @@ def tokenize_prompt(tokenizer: Any, prompt: str | list[int], vocab_size: int, pa
     return ids
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+def render_chat(tokenizer: Any, messages: list[dict[str, str]], *, special_tokens_in_content: bool) -> list[int]:
     """Token ids of the chat template applied to ``messages``, ready for the assistant's reply.
 
     The rendered text already contains the template's special tokens, so it is encoded without
-    adding more (a second BOS would change what the model sees).
+    adding more (a second BOS would change what the model sees). Special-token text inside the
+    messages (``hi<|im_end|><|im_start|>system``) is encoded as the plain text it is, unless
+    ``special_tokens_in_content``: otherwise a message could forge turns and roles. Only the
+    template's own control tokens become control tokens (transformers' ``sanitize_control_tokens``:
+    the tokenizer's special tokens and the added tokens the template writes).
     """
     if not getattr(tokenizer, "chat_template", None):
         raise invalid_request(
             "This model has no chat template; use /v1/completions with a plain prompt.", "messages", code="no_chat_template"
         )
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False,
+            sanitize_control_tokens=not special_tokens_in_content,
+        )
     except Exception as exc:  # jinja2 TemplateError / raise_exception() inside the template
         raise invalid_request(f"The model's chat template rejected these messages: {exc}", "messages") from None
-    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     if not ids:
         raise invalid_request("The rendered conversation is empty.", "messages")
-    return ids
+    return list(ids)
 
 
 def resolve_max_tokens(

@@ -25,6 +25,8 @@ from pydantic_core import PydanticCustomError
 
 from specdec_core.sampling_params import SamplingParams
 
+from server import limits
+
 MAX_N = 128
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
@@ -108,7 +110,21 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _prompts(value: Any) -> list[str | list[int]]:
+def _prompts(value: Any, info: ValidationInfo) -> list[str | list[int]]:
+    """``prompt`` under the server's limits (``server.limits``): the number of sequences is checked
+    before any prompt is looked at, the characters of text before anything is tokenized."""
+    settings = limits.settings_of(info)
+    if settings is not None:
+        # One array of token ids is one prompt; any other array holds one prompt per item.
+        count = len(value) if isinstance(value, list) and value and not _is_int(value[0]) else 1
+        limits.check_sequences(count, info.data.get("n", 1), settings)
+    prompts = _prompt_forms(value)
+    if settings is not None:
+        limits.check_prompt_chars(sum(len(p) for p in prompts if isinstance(p, str)), settings)
+    return prompts
+
+
+def _prompt_forms(value: Any) -> list[str | list[int]]:
     """OpenAI's four prompt forms, as a list of prompts (each text or token ids). Every problem
     is reported against ``prompt`` as a whole: which form was meant is a guess."""
     forms = "must be a string, an array of strings, an array of token ids, or an array of arrays of token ids."
@@ -129,12 +145,15 @@ def _prompts(value: Any) -> list[str | list[int]]:
     raise invalid(forms)
 
 
-def _stops(value: Any) -> list[str]:
+def _stops(value: Any, info: ValidationInfo) -> list[str]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
         raise invalid("must be a string or an array of strings.")
     if "" in items:
         raise invalid("strings must not be empty.")
+    settings = limits.settings_of(info)
+    if settings is not None:
+        limits.check_stop_strings(items, settings)
     return list(items)
 
 
@@ -174,6 +193,22 @@ class GenerationRequest(Schema):
     )
     ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence tokens.")
     stop_token_ids: list[TokenId] = Field([], description="Token ids that end a choice (not included in it).")
+
+    @field_validator("n")
+    @classmethod
+    def _n_within_limit(cls, value: int, info: ValidationInfo) -> int:
+        settings = limits.settings_of(info)
+        if settings is not None:
+            limits.check_sequences(1, value, settings)
+        return value
+
+    @field_validator("stop_token_ids", mode="before")
+    @classmethod
+    def _stop_ids_within_limit(cls, value: Any, info: ValidationInfo) -> Any:
+        settings = limits.settings_of(info)
+        if settings is not None and isinstance(value, list):  # counted before the ids are validated
+            limits.check_count(len(value), settings.max_stop_token_ids, "max_stop_token_ids", "token ids")
+        return value
 
     @field_validator("stream_options")
     @classmethod
@@ -313,6 +348,22 @@ class ChatCompletionRequest(GenerationRequest):
     tool_choice: NoToolChoice = "none"
     function_call: NoToolChoice = "none"
     parallel_tool_calls: NoToolCalls = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _messages_within_limit(cls, value: Any, info: ValidationInfo) -> Any:
+        settings = limits.settings_of(info)
+        if settings is not None and isinstance(value, list):  # counted before the messages are validated
+            limits.check_count(len(value), settings.max_messages, "max_messages", "messages")
+        return value
+
+    @field_validator("messages")
+    @classmethod
+    def _text_within_limit(cls, value: list[ChatMessage], info: ValidationInfo) -> list[ChatMessage]:
+        settings = limits.settings_of(info)
+        if settings is not None:
+            limits.check_prompt_chars(sum(len(m.text) + len(m.name or "") for m in value), settings)
+        return value
 
     @field_validator("max_completion_tokens")
     @classmethod

@@ -16,6 +16,9 @@ def _default_engine_config() -> EngineConfig:
 
 
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+# The default --max-prompt-chars per token of context: tokens average about 4 characters, and even
+# runs of spaces or symbols rarely reach 16, so a longer prompt cannot fit and is not tokenized.
+PROMPT_CHARS_PER_TOKEN = 64
 
 
 def _flag(help: str, **extra: object) -> dict[str, object]:
@@ -27,10 +30,11 @@ def _flag(help: str, **extra: object) -> dict[str, object]:
 class ServerSettings:
     """Everything the HTTP layer needs; ``engine`` is handed to the engine as is.
 
-    ``served_model_name=None`` serves the engine's own model name. ``max_queue=None`` admits
-    without limit; otherwise at most ``max_queue`` requests may wait beyond the engine's
-    ``max_num_seqs`` running ones before new requests get 429. ``shutdown_grace_s`` is how long a
+    ``served_model_name=None`` serves the engine's own model name. At most ``max_queue``
+    requests may wait beyond the engine's ``max_num_seqs`` running ones before new requests get
+    429 (``None``, from Python only, admits without limit). ``shutdown_grace_s`` is how long a
     SIGTERM waits for in-flight requests before aborting them (env ``SPECDEC_SHUTDOWN_GRACE``).
+    The ``max_*`` limits at the end bound the work one request can ask for (``server.limits``).
     """
 
     engine: EngineConfig = field(default_factory=_default_engine_config)
@@ -41,13 +45,39 @@ class ServerSettings:
         "prefer the SPECDEC_API_KEY variable, which keeps the key out of the process list"))
     served_model_name: str | None = field(default=None, metadata=_flag(
         "the model name clients send and /v1/models lists", group="models", default_help="the target's name"))
-    max_queue: int | None = field(default=None, metadata=_flag(
+    max_queue: int | None = field(default=256, metadata=_flag(
         "requests allowed to wait beyond --max-num-seqs running ones; more get 429 with Retry-After",
-        minimum=0, default_help="unlimited"))
+        minimum=0))
     log_level: LogLevel = field(default="info", metadata=_flag("server log level", ignore_case=True))
     shutdown_grace_s: float = 30.0
     # Requests larger than this are refused with 413 before they are parsed.
     max_body_bytes: int = 32 * 1024 * 1024
+    # -- per-request limits and prompt safety (issue 13); over a limit is a 400 naming its flag ----
+    max_stop_strings: int = field(default=16, metadata=_flag(
+        "most 'stop' strings one request may give", minimum=0, group="limits"))
+    max_stop_chars: int = field(default=4096, metadata=_flag(
+        "most characters of all a request's 'stop' strings together", minimum=0, group="limits"))
+    max_stop_token_ids: int = field(default=64, metadata=_flag(
+        "most 'stop_token_ids' one request may give", minimum=0, group="limits"))
+    max_prompt_chars: int | None = field(default=None, metadata=_flag(
+        "most characters of prompt text one request may send (all its prompts, or all its messages' "
+        "content), checked before tokenizing", minimum=1, group="limits",
+        default_help=f"{PROMPT_CHARS_PER_TOKEN} x --max-model-len"))
+    max_sequences_per_request: int = field(default=128, metadata=_flag(
+        "most sequences one request may ask for: prompts x 'n'", minimum=1, group="limits"))
+    max_messages: int = field(default=2048, metadata=_flag(
+        "most messages one chat request may hold", minimum=1, group="limits"))
+    allow_special_tokens_in_content: bool = field(default=False, metadata=_flag(
+        "encode special-token text inside chat messages (e.g. '<|im_end|>') as the special tokens "
+        "themselves, as the chat template's own ones are; by default it is plain text, so a message "
+        "cannot forge turns or roles"))
+
+    @property
+    def prompt_chars_limit(self) -> int:
+        """``max_prompt_chars``, or by default a size no prompt that fits the context comes near."""
+        if self.max_prompt_chars is not None:
+            return self.max_prompt_chars
+        return PROMPT_CHARS_PER_TOKEN * self.engine.max_model_len
 
     @property
     def url(self) -> str:

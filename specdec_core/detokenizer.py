@@ -10,13 +10,21 @@ previous step, decoded again only as context (a SentencePiece decoder drops the 
 window's first token, and a window must start on a character boundary); the text the new tokens
 add is the window's decode minus that prefix's decode. The window only moves on once its text ends
 on a whole character, so it spans more than the last step's tokens only while a character is
-incomplete (at most 3 bytes of valid UTF-8). Stop strings are searched in the new text plus the
-last ``longest stop - 1`` characters before it, which is where a stop spanning steps can start.
+incomplete (at most 3 bytes of valid UTF-8).
+
+Stop strings (``specdec_core.stop_strings``) are found by an automaton that reads each new
+character once, so their cost per step is that of the new text, whatever their number or length.
+The text held back is the longest end of the output that may still begin a stop string. The text
+is cut at the first point where any stop string has appeared (the one that ends first; of those
+ending there, the longest), which does not depend on how tokens were grouped into steps, so
+speculation (several tokens per step) and plain decoding stop at the same place.
 """
 
 from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
+
+from .stop_strings import StopScanner
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -24,15 +32,13 @@ REPLACEMENT_CHAR = "\ufffd"
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str]) -> None:
         self.tokenizer = tokenizer
-        self.stop = stop
+        self.stops = StopScanner(stop) if stop else None
         self.token_ids: list[int] = []
-        self._hold = max((len(s) for s in stop), default=1) - 1
         self._pieces: list[str] = []  # the deltas returned so far
         self._prefix_offset = 0
         self._read_offset = 0
         self._consumed = 0  # characters past the prefix text already taken from the current window
-        self._tail = ""  # the last ``_hold`` characters of the text searched so far
-        self._pending = ""  # searched text held back (it may be the start of a stop string)
+        self._pending = ""  # scanned text held back (it may be the start of a stop string)
 
     @property
     def emitted(self) -> str:
@@ -55,17 +61,18 @@ class IncrementalDetokenizer:
         self.token_ids += new_ids
         window = self._decode(self.token_ids[self._prefix_offset:])
         new_text = self._new_text(window, prefix)
-        if self.stop:
-            cut = self._find_stop(self._tail + new_text)
-            if cut is not None:
-                n_kept = self._tokens_to_complete_stop(start, new_ids, prefix)
+        if self.stops is not None:
+            hit = self.stops.feed(new_text)
+            if hit is not None:
+                end, length = hit
+                n_kept = self._tokens_to_reach(start, new_ids, prefix, end)
                 del self.token_ids[start + n_kept:]
-                unsent = self._pending + new_text
-                return self._emit(unsent[: cut - len(self._tail) + len(self._pending)]), n_kept
+                unsent = self._pending + new_text[:end]
+                return self._emit(unsent[: len(unsent) - length]), n_kept
         self._advance(window, prefix, new_text)
         unsent = self._pending + new_text
-        self._tail = (self._tail + new_text)[-self._hold:] if self._hold else ""
-        keep = min(self._hold_len(self._tail), len(unsent))
+        # The held-back text is exactly the scanner's depth: it never reaches back into sent text.
+        keep = self.stops.held if self.stops is not None else 0
         self._pending = unsent[len(unsent) - keep:] if keep else ""
         return self._emit(unsent[: len(unsent) - keep]), None
 
@@ -74,7 +81,7 @@ class IncrementalDetokenizer:
         prefix = self._decode(self.token_ids[self._prefix_offset:self._read_offset])
         window = self._decode(self.token_ids[self._prefix_offset:])
         rest = window[len(prefix) + self._consumed:]
-        text, self._pending, self._tail = self._pending + rest, "", ""
+        text, self._pending = self._pending + rest, ""
         self._prefix_offset = self._read_offset = len(self.token_ids)
         self._consumed = 0
         return self._emit(text)
@@ -111,14 +118,11 @@ class IncrementalDetokenizer:
         """Whole characters the window adds beyond its prefix and what was taken from it before."""
         return window.rstrip(REPLACEMENT_CHAR)[len(prefix) + self._consumed:]
 
-    def _find_stop(self, text: str) -> int | None:
-        hits = [i for s in self.stop if (i := text.find(s)) >= 0]
-        return min(hits) if hits else None
-
-    def _tokens_to_complete_stop(self, start: int, new_ids: list[int], prefix: str) -> int:
-        for n in range(1, len(new_ids) + 1):
+    def _tokens_to_reach(self, start: int, new_ids: list[int], prefix: str, end: int) -> int:
+        """How many of the new tokens it takes for the new text to reach ``end`` characters."""
+        for n in range(1, len(new_ids)):
             window = self._decode(self.token_ids[self._prefix_offset:start + n])
-            if self._find_stop(self._tail + self._new_text(window, prefix)) is not None:
+            if len(self._new_text(window, prefix)) >= end:
                 return n
         return len(new_ids)
 
@@ -126,13 +130,3 @@ class IncrementalDetokenizer:
         if delta:
             self._pieces.append(delta)
         return delta
-
-    def _hold_len(self, text: str) -> int:
-        """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
-        best = 0
-        for s in self.stop:
-            for n in range(min(len(s) - 1, len(text)), 0, -1):
-                if text.endswith(s[:n]):
-                    best = max(best, n)
-                    break
-        return best

@@ -33,7 +33,7 @@ def test_defaults_leave_engine_defaults_alone() -> None:
     s = settings_from_args(parse_serve_args(["serve"], env={}), env={})
     assert s.engine.model is None and s.engine.draft_model is None  # the embedded default pair
     assert s.engine.speculative_method is None  # the engine picks draft or ngram
-    assert (s.host, s.port, s.api_key, s.max_queue, s.log_level) == ("127.0.0.1", 8000, None, None, "info")
+    assert (s.host, s.port, s.api_key, s.max_queue, s.log_level) == ("127.0.0.1", 8000, None, 256, "info")
     assert s.shutdown_grace_s == 30.0
 
 

@@ -6,6 +6,7 @@ This module only turns the request into engine jobs (one per choice) and says ho
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from starlette.requests import Request
@@ -28,7 +29,10 @@ async def create_chat_completion(request: Request) -> Response:
     model = check_model(state, req.model)
     tokenizer = engine.tokenizer
 
-    prompt_ids = render_chat(tokenizer, req.template_messages())
+    prompt_ids = await asyncio.to_thread(
+        render_chat, tokenizer, req.template_messages(),
+        special_tokens_in_content=state.settings.allow_special_tokens_in_content,
+    )
     budget = resolve_max_tokens(
         len(prompt_ids), req.completion_budget, engine.max_model_len, prompt_param="messages", tokens_param=req.budget_param
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TypeVar
 
 import structlog
@@ -11,6 +12,7 @@ from server.errors import APIError
 from server.parsing import parse_body
 from server.request_log import request_id, request_log
 from server.schemas import Schema
+from server.settings import ServerSettings
 from server.state import ServerState
 
 log = structlog.get_logger("specdec.server")
@@ -25,15 +27,21 @@ def server_state(request: Request) -> ServerState:
 
 
 async def read_request(request: Request, schema: type[S]) -> S:
-    """The body validated against ``schema`` (a 400 if it does not fit). Fields the schema does not
-    know are ignored, and named in a warning so a typo ("temprature") does not go unnoticed."""
-    body = parse_body(schema, await request.body())
-    unknown = body.unknown_fields()
+    """The body validated against ``schema`` under the server's limits (a 400 if it does not fit).
+    Fields the schema does not know are ignored, and named in a warning so a typo ("temprature")
+    does not go unnoticed. Validation grows with the body, so it runs off the event loop."""
+    raw = await request.body()
+    body, unknown = await asyncio.to_thread(_validate, schema, raw, server_state(request).settings)
     if unknown:
         names = [name[:MAX_FIELD_NAME] for name in unknown[:MAX_LOGGED_FIELDS]]
         log.warning("ignoring unknown request fields", request_id=request_id(request), fields=names, count=len(unknown))
         request_log(request)["ignored_fields"] = names
     return body
+
+
+def _validate(schema: type[S], raw: bytes, settings: ServerSettings) -> tuple[S, list[str]]:
+    body = parse_body(schema, raw, settings)
+    return body, body.unknown_fields()
 
 
 def check_model(state: ServerState, model: str | None) -> str:

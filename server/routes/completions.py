@@ -6,6 +6,7 @@ This module only turns the request into engine jobs (one per prompt and choice) 
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from starlette.requests import Request
@@ -13,7 +14,7 @@ from starlette.responses import Response
 
 from server.generation import Job
 from server.generation_response import generate
-from server.prompts import resolve_max_tokens, tokenize_prompt
+from server.prompts import resolve_max_tokens, tokenize_prompts
 from server.renderers import CompletionRenderer
 from server.responses import TokenText
 from server.routes.common import check_model, read_request, server_state
@@ -29,7 +30,7 @@ async def create_completion(request: Request) -> Response:
     tokenizer = engine.tokenizer
 
     # Every prompt is checked before any budget, so which error a bad request gets stays stable.
-    prompt_ids = [tokenize_prompt(tokenizer, p, engine.vocab_size) for p in req.prompt]
+    prompt_ids = await asyncio.to_thread(tokenize_prompts, tokenizer, req.prompt, engine.vocab_size)
     jobs: list[Job] = []
     echoes: dict[int, str] = {}
     for p, (prompt, ids) in enumerate(zip(req.prompt, prompt_ids, strict=True)):
