@@ -29,6 +29,7 @@ from .eos import eos_token_ids
 from .metrics import EngineMetrics
 from .model_runner import ForwardItem, ModelRunner
 from .outputs import RequestOutput, TokenLogprob
+from .progress_log import phase
 from .cost_model import StepCostModel, calibrate
 from .proposer import DraftModelProposer, NgramIndex, Proposal, propose
 from .request import Request
@@ -104,9 +105,13 @@ class Engine:
         self.quantize = resolve_quantize(config.quantize, param.device, param.dtype)
         runner = dict(num_slots=config.max_num_seqs, max_len=config.max_model_len, vocab_size=vocab,
                       quantize=self.quantize, release_weights=owns_models)
-        self.target = ModelRunner(target.model, **runner)
-        head = frequent_token_ids(self.tokenizer, config.draft_vocab_size, vocab, self.eos_ids)
-        self.draft_runner = ModelRunner(draft.model, **runner, head_rows=head) if draft is not None else None
+        with phase(log, f"preparing {self.quantize} kernels for the target model"):
+            self.target = ModelRunner(target.model, **runner)
+        self.draft_runner = None
+        if draft is not None:
+            head = frequent_token_ids(self.tokenizer, config.draft_vocab_size, vocab, self.eos_ids)
+            with phase(log, f"preparing {self.quantize} kernels for the draft model"):
+                self.draft_runner = ModelRunner(draft.model, **runner, head_rows=head)
         self.drafter = DraftModelProposer(self.draft_runner) if self.draft_runner is not None else None
         log.info("execution: target %s path, draft %s, quantize=%s", self.target.path,
                  self.draft_runner.path if self.draft_runner else "none", self.quantize)
@@ -359,8 +364,9 @@ class Engine:
         speculation nothing reads them."""
         if not self.config.adaptive_speculation or self.method == "none":
             return StepCostModel.constant(self.draft_runner is not None)
-        return calibrate(self.target, self.draft_runner, self.config.max_num_seqs,
-                         1 + self.num_speculative_tokens, self.max_model_len)
+        with phase(log, "calibrating: timing target and draft steps for the speculation policy"):
+            return calibrate(self.target, self.draft_runner, self.config.max_num_seqs,
+                             1 + self.num_speculative_tokens, self.max_model_len)
 
     def _observe_costs(self, sched: ScheduledStep, draft_s: float, target_s: float) -> None:
         """Account the step's time, and let decode-only steps correct the live cost model."""
