@@ -19,6 +19,7 @@ from server.auth import APIKeyMiddleware
 from server.engine import EngineFactory, EngineHost, load_engine
 from server.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
 from server.request_log import RequestLogMiddleware
+from server.request_target import RequestTargetMiddleware
 from server.routes import routes
 from server.settings import ServerSettings
 from server.state import Phase, ServerState
@@ -51,7 +52,11 @@ def build_app(
             if not await host.stop(ENGINE_SHUTDOWN_TIMEOUT_S):
                 log.warning("engine did not shut down in time", timeout_s=ENGINE_SHUTDOWN_TIMEOUT_S)
 
-    middleware = [Middleware(RequestLogMiddleware, metrics=state.metrics)]
+    # Outermost first: the request log sees every answer, the Host check runs before the key check.
+    middleware = [
+        Middleware(RequestLogMiddleware, metrics=state.metrics),
+        Middleware(RequestTargetMiddleware, allowed_hosts=settings.host_allowlist),
+    ]
     if settings.api_key:
         middleware.append(Middleware(APIKeyMiddleware, api_key=settings.api_key))
     app = Starlette(
@@ -63,8 +68,11 @@ def build_app(
             Exception: handle_unexpected,
         },
         lifespan=lifespan,
-        max_body_size=settings.max_body_bytes,
+        # No max_body_size: Starlette's 413 is plain text; server.body enforces the limit instead.
     )
+    # Trailing slashes are stripped before routing (server.request_target); Starlette's redirect
+    # would build its Location from the client's Host header.
+    app.router.redirect_slashes = False
     app.state.server = state
     return app
 
