@@ -13,9 +13,10 @@ The generation routes read their body here, once, before parsing it (``server.pa
 - **408** when the whole body has not arrived within ``--body-timeout`` seconds of the headers: a
   client trickling a body would otherwise hold its request open for as long as it likes.
 
-413 and 408 say ``Connection: close``: the rest of the body is not worth reading. A client that
-disconnects mid-body raises Starlette's ``ClientDisconnect``, which the request log records as a
-disconnect (499), not as a server error.
+After a 413 or 408 the rest of the body is not read: the connection protocol
+(``server.http_protocol``) closes a connection whose body is still arriving once it is answered.
+A client that disconnects mid-body raises Starlette's ``ClientDisconnect``, which the request log
+records as a disconnect (499), not as a server error.
 """
 
 from __future__ import annotations
@@ -25,9 +26,6 @@ import asyncio
 from starlette.requests import Request
 
 from server.errors import APIError
-
-CLOSE = {"Connection": "close"}
-
 
 def is_json(content_type: str | None) -> bool:
     """``application/json`` or ``application/<x>+json``, any parameters (JSON is UTF-8 by RFC 8259)."""
@@ -50,7 +48,7 @@ def require_json(request: Request) -> None:
 
 
 def too_large(limit: int) -> APIError:
-    return APIError(413, f"The request body is larger than {limit} bytes.", code="request_too_large", headers=CLOSE)
+    return APIError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
 
 
 async def read_json_body(request: Request, max_bytes: int, timeout_s: float) -> bytes:
@@ -63,7 +61,7 @@ async def read_json_body(request: Request, max_bytes: int, timeout_s: float) -> 
         return await asyncio.wait_for(_read(request, max_bytes), timeout_s)
     except asyncio.TimeoutError:
         raise APIError(
-            408, f"The request body did not arrive within {timeout_s:g} s.", code="request_timeout", headers=CLOSE
+            408, f"The request body did not arrive within {timeout_s:g} s.", code="request_timeout"
         ) from None
 
 

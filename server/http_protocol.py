@@ -23,6 +23,11 @@ This subclass adds:
   object with ``Retry-After``, and its connection is closed.
 - **a response finished while the client is still sending a body nobody reads** (an early 413,
   415, 408 or 404): the connection is closed instead of draining the rest without a time limit.
+  Not at once: a socket closed while bytes still arrive makes the kernel answer them with a
+  reset, which can destroy the response before the client has read it and fails the client's
+  upload. So, as RFC 9112 section 9.6 describes, the write side is shut first (the client sees the
+  whole answer, then end of stream) and what still arrives is discarded until the client stops
+  sending for ``LINGER_IDLE_S`` or ``LINGER_MAX_S`` have passed (nginx's "lingering close").
 
 A body that arrives too slowly for the app is the app's concern (``server.body``: 408).
 Answers written here carry an ``x-request-id`` of their own and are logged by ``specdec.request``
@@ -47,6 +52,10 @@ from server.settings import ServerSettings
 
 log = structlog.get_logger("specdec.request")
 
+# Lingering close of a connection whose unread body is still arriving (see the module doc).
+LINGER_IDLE_S = 2.0
+LINGER_MAX_S = 30.0
+
 
 class GuardedH11Protocol(H11Protocol):
     """See the module doc. Configured through class attributes (uvicorn builds one instance per
@@ -58,6 +67,8 @@ class GuardedH11Protocol(H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._linger_until: float | None = None
         self.app = self._limited(self.app)
 
     # -- the head timeout ----------------------------------------------------------------------
@@ -66,6 +77,9 @@ class GuardedH11Protocol(H11Protocol):
         self._arm_head_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._linger_until is not None:
+            self._arm_linger_timer()  # discarded: nobody reads this body
+            return
         super().data_received(data)
         if self.transport.is_closing():
             return
@@ -80,13 +94,30 @@ class GuardedH11Protocol(H11Protocol):
         if self.transport.is_closing():
             return
         if unread_body:
-            self.transport.close()
+            self._linger()
         elif self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
             self._arm_head_timer()  # part of a pipelined head was already buffered
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
         super().connection_lost(exc)
+
+    # -- closing a connection whose body is still arriving ------------------------------------
+    def _linger(self) -> None:
+        self._unset_keepalive_if_required()
+        self._linger_until = self.loop.time() + LINGER_MAX_S
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._arm_linger_timer()
+
+    def _arm_linger_timer(self) -> None:
+        assert self._linger_until is not None
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        delay = min(LINGER_IDLE_S, self._linger_until - self.loop.time())
+        self._linger_timer = self.loop.call_later(max(0.0, delay), self.transport.close)
 
     def _arm_head_timer(self) -> None:
         if self._head_timer is None:
