@@ -228,6 +228,17 @@ def test_413_closes_the_connection_without_reading_the_body(edge: ServerProcess)
         assert closed_by_server(sock)
 
 
+def test_upload_answered_early_is_not_reset(edge: ServerProcess) -> None:
+    """After a 413 the client may still be uploading: the server stops writing but keeps reading
+    (and discarding) instead of closing, which would answer the upload with a connection reset."""
+    with connect(edge.port) as sock:
+        sock.sendall(request("POST", C, b"{", content_type="application/json", content_length=str(64 * 2**20)))
+        read_answer(sock).error(413, "request_too_large")
+        assert closed_by_server(sock)  # end of stream for reading...
+        for _ in range(128):  # ...while 8 MiB more of the body are still accepted, without a reset
+            sock.sendall(b"x" * 65536)
+
+
 def test_json_with_parameters_and_json_suffix_types_are_accepted(edge: ServerProcess) -> None:
     for content_type in ("application/json; charset=utf-8", "Application/JSON", "application/vnd.api+json"):
         r = httpx.post(edge.url + C, content=json.dumps(P), headers={"content-type": content_type}, timeout=30)
@@ -380,3 +391,10 @@ def test_edge_flags_reach_the_settings() -> None:
     defaults = settings_from_args(parse_serve_args(["serve"], env={}), env={})
     assert (defaults.header_timeout, defaults.body_timeout, defaults.keep_alive_timeout) == (10, 60, 5)
     assert defaults.limit_concurrency == 512
+
+
+def test_metrics_expose_process_memory(edge: ServerProcess) -> None:
+    """Server memory and open descriptors are scrapeable (the soak reads them for a --url server)."""
+    text = httpx.get(edge.url + "/metrics", timeout=10).text
+    assert (metric_value(text, "process_resident_memory_bytes") or 0) > 0
+    assert (metric_value(text, "process_open_fds") or 0) > 0
