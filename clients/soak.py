@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark.servers import SpawnedServer  # noqa: E402  (clients/ is not a package)
+from benchmark.servers import SpawnedServer
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time", "import numpy as np\n"]
 CHATS = ["What is a monad?", "Write a haiku about autumn.", "Add type hints: def area(w, h): return w * h"]

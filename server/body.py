@@ -27,6 +27,7 @@ from starlette.requests import Request
 
 from server.errors import APIError
 
+
 def is_json(content_type: str | None) -> bool:
     """``application/json`` or ``application/<x>+json``, any parameters (JSON is UTF-8 by RFC 8259)."""
     if not content_type:
