@@ -19,6 +19,7 @@ from server.auth import APIKeyMiddleware
 from server.engine import EngineFactory, EngineHost, load_engine
 from server.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
 from server.request_log import RequestLogMiddleware
+from server.request_target import RequestTargetMiddleware
 from server.routes import routes
 from server.settings import ServerSettings
 from server.state import Phase, ServerState
@@ -47,7 +48,11 @@ def build_app(
             await asyncio.gather(loader, return_exceptions=True)
             await host.stop()
 
-    middleware = [Middleware(RequestLogMiddleware, metrics=state.metrics)]
+    # Outermost first: the request log sees every answer, the Host check runs before the key check.
+    middleware = [
+        Middleware(RequestLogMiddleware, metrics=state.metrics),
+        Middleware(RequestTargetMiddleware, allowed_hosts=settings.host_allowlist),
+    ]
     if settings.api_key:
         middleware.append(Middleware(APIKeyMiddleware, api_key=settings.api_key))
     app = Starlette(
@@ -59,8 +64,11 @@ def build_app(
             Exception: handle_unexpected,
         },
         lifespan=lifespan,
-        max_body_size=settings.max_body_bytes,
+        # No max_body_size: Starlette's 413 is plain text; server.body enforces the limit instead.
     )
+    # Trailing slashes are stripped before routing (server.request_target); Starlette's redirect
+    # would build its Location from the client's Host header.
+    app.router.redirect_slashes = False
     app.state.server = state
     app.state.engine_host = host
     return app

@@ -87,14 +87,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _empty_is_value() -> set[str]:
+    """Flags whose variable set to "" is a value to check (an empty API key), not "unset"."""
+    engine_config, server_settings, localns = _flag_classes()
+    fields = flag_fields(engine_config) + flag_fields(server_settings, localns)
+    return {f.name for f, _ in fields if f.metadata.get("empty_is_value")}
+
+
 def _apply_env_defaults(sub: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """Turn ``SPECDEC_<FLAG>`` variables into defaults, validated like the flag itself."""
+    """Turn ``SPECDEC_<FLAG>`` variables into defaults, validated like the flag itself. A variable
+    set to "" counts as unset (as compose files write them), except where "" is a value to refuse."""
+    keep_empty = _empty_is_value()
     for action in sub._actions:
         if not action.option_strings or action.dest == "help":
             continue
         name = env_name(action.dest)
         raw = env.get(name)
-        if raw is None or raw == "":
+        if raw is None or (raw == "" and action.dest not in keep_empty):
             continue
         try:
             if isinstance(action, argparse.BooleanOptionalAction):
@@ -145,9 +154,10 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str] | None =
     except ValueError:
         raise SystemExit(f"specdec serve: error: {GRACE_ENV} must be seconds >= 0, got {grace_raw!r}") from None
     server_kwargs = given_values(args, [f.name for f, _ in flag_fields(server_settings, localns)])
-    if not server_kwargs.get("api_key"):
-        server_kwargs.pop("api_key", None)  # an empty key would mean "no auth" anyway: say so
-    return server_settings(engine=engine, shutdown_grace_s=grace, **server_kwargs)
+    try:
+        return server_settings(engine=engine, shutdown_grace_s=grace, **server_kwargs)
+    except ValueError as exc:
+        raise SystemExit(f"specdec serve: error: {exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,9 @@ _DEFAULT_TYPES: dict[int, str] = {
     401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable_error",
@@ -97,6 +99,13 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
-    """Last resort for a bug: a generic 500 (Starlette re-raises afterwards, which logs the trace)."""
+    """Last resort for a bug: a generic 500 (Starlette re-raises afterwards, which logs the trace).
+
+    Starlette calls this from outside every middleware, so the request log's ``x-request-id`` is
+    added here: the id is what ties the client's error to the trace in the log.
+    """
     request_id = request.scope.get("state", {}).get("request_id")
-    return internal_error(request_id).response()
+    err = internal_error(request_id)
+    if request_id:
+        err.headers["x-request-id"] = request_id
+    return err.response()

@@ -12,7 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from specdec_core.metrics import acceptance_rate
@@ -108,6 +115,9 @@ class ServerMetrics:
             f"{PREFIX}_requests_rejected", "Requests refused before reaching the engine, by reason", ["reason"], registry=r
         )
         r.register(EngineCollector(get_engine))
+        # process_resident_memory_bytes and friends (Linux): memory growth is visible to scrapers
+        # and to clients/soak.py without access to the server's /proc.
+        ProcessCollector(registry=r)
 
     def observe_tokens(self, gap_s: float, num_tokens: int) -> None:
         per_token = gap_s / num_tokens

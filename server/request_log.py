@@ -3,7 +3,8 @@
 This middleware sits outside everything else so it also sees 401s and 429s. It gives every request
 an id (``request.state.request_id``, echoed as ``X-Request-Id`` and used in completion ids), and
 routes add their own fields (tokens, acceptance, time to first token) to ``request.state.log``.
-Headers are never logged: they carry the API key.
+Headers are never logged: they carry the API key. A client that leaves before it is answered
+(mid-body included) is logged at info with status 499, nginx's code for it, never as a 500.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import uuid
 from typing import Any
 
 import structlog
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.metrics import ServerMetrics
@@ -73,6 +74,10 @@ class RequestLogMiddleware:
 
         try:
             await self.app(scope, receive, send_wrapper)
+        except ClientDisconnect:
+            # The client left mid-request (typically while sending its body): there is nobody to
+            # answer and nothing failed here, so no 500 and no traceback; logged as a 499 below.
+            fields["client_disconnected"] = True
         except BaseException:
             if status is None:
                 status = 500

@@ -30,6 +30,7 @@ import structlog
 import uvicorn
 
 from server.app import build_app
+from server.http_protocol import protocol_for
 from server.logging import configure_logging
 from server.settings import ServerSettings
 from server.state import Phase, ServerState
@@ -152,6 +153,9 @@ def serve(settings: ServerSettings) -> int:
         access_log=False,
         ws="none",
         server_header=False,
+        # h11 with a head timeout, a connection limit and OpenAI error objects (server.http_protocol).
+        http=protocol_for(settings),
+        timeout_keep_alive=settings.keep_alive_timeout,
         # Our drain already waited for requests; this only bounds closing idle connections.
         timeout_graceful_shutdown=10,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -42,7 +43,9 @@ class ServerSettings:
     port: int = field(default=8000, metadata=_flag("port to listen on", minimum=0, maximum=65535))
     api_key: str | None = field(default=None, metadata=_flag(
         "require 'Authorization: Bearer KEY' on every /v1 route (/health and /metrics stay open); "
-        "prefer the SPECDEC_API_KEY variable, which keeps the key out of the process list"))
+        "prefer the SPECDEC_API_KEY variable, which keeps the key out of the process list",
+        # SPECDEC_API_KEY="" must be refused (see __post_init__), not read as "no key given".
+        empty_is_value=True))
     served_model_name: str | None = field(default=None, metadata=_flag(
         "the model name clients send and /v1/models lists", group="models", default_help="the target's name"))
     max_queue: int | None = field(default=256, metadata=_flag(
@@ -50,8 +53,10 @@ class ServerSettings:
         minimum=0))
     log_level: LogLevel = field(default="info", metadata=_flag("server log level", ignore_case=True))
     shutdown_grace_s: float = 30.0
-    # Requests larger than this are refused with 413 before they are parsed.
-    max_body_bytes: int = 32 * 1024 * 1024
+    # Requests larger than this are refused with 413 before they are parsed. 8 MiB holds any request
+    # within the per-request limits below (131k prompt characters JSON-escaped, 128 x 2048 token
+    # ids) and bounds what the JSON parser, which holds the GIL, can be made to chew on.
+    max_body_bytes: int = 8 * 1024 * 1024
     # -- per-request limits and prompt safety (issue 13); over a limit is a 400 naming its flag ----
     max_stop_strings: int = field(default=16, metadata=_flag(
         "most 'stop' strings one request may give", minimum=0, group="limits"))
@@ -79,6 +84,50 @@ class ServerSettings:
             return self.max_prompt_chars
         return PROMPT_CHARS_PER_TOKEN * self.engine.max_model_len
 
+    # -- the HTTP edge: who may address the server, and how long a client may take (issue 13) --
+    allowed_hosts: str | None = field(default=None, metadata=_flag(
+        "comma-separated host names the Host header may carry ('*': any; '*.example.com': its subdomains); "
+        "others get 400. Guards a key-less local server against DNS rebinding",
+        default_help="localhost, 127.0.0.1, ::1 and --host when --host is a loopback address, else any"))
+    header_timeout: int = field(default=10, metadata=_flag(
+        "seconds a client may take to send a request's line and headers (from connecting, or from its "
+        "first byte on a kept-alive connection); then 408 and the connection is closed", minimum=1))
+    body_timeout: int = field(default=60, metadata=_flag(
+        "seconds a client may take to send a whole request body after its headers; then 408", minimum=1))
+    keep_alive_timeout: int = field(default=5, metadata=_flag(
+        "seconds an idle kept-alive connection stays open between requests (uvicorn's timeout_keep_alive)",
+        minimum=1))
+    limit_concurrency: int = field(default=512, metadata=_flag(
+        "most connections open at once; a request arriving while more are open gets 503 "
+        "(uvicorn's limit_concurrency, answered as an OpenAI error)", minimum=1))
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError(
+                "the API key is empty, which would leave the /v1 routes open; give a key, or unset "
+                "SPECDEC_API_KEY and --api-key to run without one"
+            )
+        if self.api_key is not None and self.api_key != self.api_key.strip():
+            raise ValueError("the API key starts or ends with whitespace, which no Authorization header can carry")
+        if self.allowed_hosts is not None and not _split_hosts(self.allowed_hosts):
+            raise ValueError("--allowed-hosts names no host; give host names, or '*' for any")
+
+    @property
+    def host_allowlist(self) -> frozenset[str] | None:
+        """Host names (lowercase, no port) the Host header may carry; ``None``: any.
+
+        The default depends on the bind address: a server on a loopback address can only be
+        reached from this machine, so the only legitimate names are loopback ones, and anything else
+        in Host is a page on another site whose DNS name was rebound to 127.0.0.1. A server bound to
+        other addresses is reached under names it cannot know (container, service, proxy names).
+        """
+        if self.allowed_hosts is not None:
+            hosts = _split_hosts(self.allowed_hosts)
+            return None if "*" in hosts else hosts
+        if _is_loopback(self.host):
+            return frozenset({"localhost", "127.0.0.1", "::1", self.host.lower().strip("[]")})
+        return None
+
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -89,5 +138,23 @@ class ServerSettings:
         return (
             f"ServerSettings(engine={self.engine!r}, host={self.host!r}, port={self.port}, api_key={key}, "
             f"served_model_name={self.served_model_name!r}, max_queue={self.max_queue}, "
-            f"log_level={self.log_level!r}, shutdown_grace_s={self.shutdown_grace_s})"
+            f"log_level={self.log_level!r}, shutdown_grace_s={self.shutdown_grace_s}, "
+            f"allowed_hosts={self.allowed_hosts!r}, header_timeout={self.header_timeout}, "
+            f"body_timeout={self.body_timeout}, keep_alive_timeout={self.keep_alive_timeout}, "
+            f"limit_concurrency={self.limit_concurrency})"
         )
+
+
+def _split_hosts(text: str) -> frozenset[str]:
+    """``"a.example, B.example."`` -> ``{"a.example", "b.example"}`` (DNS names are case-insensitive
+    and may end in a dot; IPv6 literals may come bracketed)."""
+    return frozenset(h.strip().lower().rstrip(".").strip("[]") for h in text.split(",") if h.strip())
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

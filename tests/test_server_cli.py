@@ -16,6 +16,7 @@ FLAGS = [
     "--device", "--dtype", "--quantize", "--max-num-seqs", "--max-model-len", "--max-queue", "--api-key",
     "--served-model-name", "--seed", "--log-level", "--max-num-batched-tokens", "--ngram-min", "--ngram-max",
     "--adaptive-speculation", "--no-adaptive-speculation", "--cache-dir",
+    "--allowed-hosts", "--header-timeout", "--body-timeout", "--keep-alive-timeout", "--limit-concurrency",
 ]
 
 

@@ -118,7 +118,7 @@ def test_client_gone_before_first_chunk_leaks_nothing(served, fake: FakeEngine) 
     fake.script = Script(delay_s=0.02)
     body = json.dumps({**CHAT_BODY, "max_tokens": 1000, "stream": True}).encode()
     head = (
-        f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     for _ in range(5):

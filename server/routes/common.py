@@ -8,6 +8,7 @@ from typing import TypeVar
 import structlog
 from starlette.requests import Request
 
+from server.body import read_json_body
 from server.errors import APIError
 from server.parsing import parse_body
 from server.request_log import request_id, request_log
@@ -27,11 +28,13 @@ def server_state(request: Request) -> ServerState:
 
 
 async def read_request(request: Request, schema: type[S]) -> S:
-    """The body validated against ``schema`` under the server's limits (a 400 if it does not fit).
-    Fields the schema does not know are ignored, and named in a warning so a typo ("temprature")
-    does not go unnoticed. Validation grows with the body, so it runs off the event loop."""
-    raw = await request.body()
-    body, unknown = await asyncio.to_thread(_validate, schema, raw, server_state(request).settings)
+    """The body validated against ``schema`` under the server's limits (a 400 if it does not fit;
+    415/413/408 from ``server.body`` before that). Fields the schema does not know are ignored, and
+    named in a warning so a typo ("temprature") does not go unnoticed. Validation grows with the
+    body, so it runs off the event loop."""
+    settings = server_state(request).settings
+    raw = await read_json_body(request, settings.max_body_bytes, settings.body_timeout)
+    body, unknown = await asyncio.to_thread(_validate, schema, raw, settings)
     if unknown:
         names = [name[:MAX_FIELD_NAME] for name in unknown[:MAX_LOGGED_FIELDS]]
         log.warning("ignoring unknown request fields", request_id=request_id(request), fields=names, count=len(unknown))
