@@ -375,8 +375,12 @@ class Engine:
         if any(it.num_new != 1 for it in sched.items):
             return  # prefill chunks: not a shape the cost model describes
         self.costs.observe_target(sum(1 + it.num_drafts for it in sched.items), target_s)
-        depth = max((it.num_drafts for it in sched.items if it.source == "draft"), default=0)
-        if depth:
+        drafting = [it for it in sched.items if it.source == "draft"]
+        depth = max((it.num_drafts for it in drafting), default=0)
+        # A draft cache that lagged (the request used n-gram lookups meanwhile) is caught up in
+        # this step's first draft forward: a prefill, not a shape the draft table describes.
+        caught_up = max((it.request.num_computed + it.num_new - it.request.draft_computed for it in drafting), default=0)
+        if depth and caught_up <= 1 + self.num_speculative_tokens:
             self.costs.observe_draft([sum(1 for it in sched.items if it.source == "draft" and it.num_drafts >= j)
                                       for j in range(1, depth + 1)], draft_s)
 
