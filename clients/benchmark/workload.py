@@ -109,6 +109,9 @@ async def stream_one(client: httpx.AsyncClient, wl: Workload, model: str, args, 
                     res.completion_tokens = chunk["usage"].get("completion_tokens")
                 if chunk.get("speculative"):
                     res.speculative = chunk["speculative"]
+                elif "draft_n" in (chunk.get("timings") or {}):  # llama.cpp's llama-server as a --peer
+                    t = chunk["timings"]
+                    res.speculative = {"draft_tokens": t["draft_n"], "accepted_tokens": t.get("draft_n_accepted", 0)}
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         res.error = f"{type(exc).__name__}: {exc}"
     res.latency = time.perf_counter() - start
