@@ -92,7 +92,8 @@ def draw(target, draft, params: SamplingParams, quantize: str, method: str = "dr
         assert m.draft_tokens_by_source.get("ngram", 0) > 0.05 * SAMPLES, m.draft_tokens_by_source
     assert m.total_draft_tokens >= 2 * SAMPLES
     # (auto: lookups that mostly miss pull the overall rate down; their rejections are the point)
-    assert (0.1 if method == "auto" else 0.2) < m.acceptance_rate < 0.9, m.acceptance_rate
+    # (a draft head over half the vocabulary misses often too)
+    assert (0.05 if method == "auto" or draft_vocab_size else 0.2) < m.acceptance_rate < 0.9, m.acceptance_rate
     assert m.accepted_histogram[0] > 0 and m.accepted_histogram[2] > 0
     return counts
 
