@@ -55,7 +55,10 @@ class DraftModelProposer:
 
     The draft cache lags the target by design: a request is caught up (all its tokens since its
     ``draft_computed``) in the first forward of a step in which it drafts, and prompt chunks of
-    speculating requests are mirrored so the catch-up never has to re-read a whole prompt.
+    speculating requests are mirrored while the draft model is in use (some request drafts this
+    step, or nothing is decoding yet), so the catch-up rarely has to re-read a whole prompt. When the
+    policy has turned drafting off (a full batch), prompts are not mirrored: that work would be
+    wasted unless the request drafts later, and then the catch-up does it.
     """
 
     def __init__(self, runner: ModelRunner) -> None:
@@ -65,13 +68,17 @@ class DraftModelProposer:
     def _drafts(item: ScheduledRequest) -> int:
         return item.num_drafts if item.source == "draft" else 0
 
-    def _mirrors(self, item: ScheduledRequest) -> bool:
+    def _mirrors(self, item: ScheduledRequest, in_use: bool) -> bool:
         r = item.request
-        return (self._drafts(item) == 0 and r.in_prefill and r.max_spec_tokens > 0
+        return (in_use and self._drafts(item) == 0 and r.in_prefill and r.max_spec_tokens > 0
                 and r.draft_computed == r.num_computed)
 
+    def _in_use(self, items: list[ScheduledRequest]) -> bool:
+        return any(self._drafts(it) for it in items) or all(it.request.in_prefill for it in items)
+
     def wanted(self, items: list[ScheduledRequest]) -> bool:
-        return any(self._drafts(it) or self._mirrors(it) for it in items)
+        in_use = self._in_use(items)
+        return any(self._drafts(it) or self._mirrors(it, in_use) for it in items)
 
     def propose(self, items: list[ScheduledRequest]) -> Proposal:
         vocab = self.runner.vocab_size
@@ -80,7 +87,8 @@ class DraftModelProposer:
         cached: list[int | None] = [None] * len(items)
         probs = torch.zeros(len(items), k_max, vocab, device=self.runner.device)
         active = [b for b, it in enumerate(items) if self._drafts(it) > 0]
-        mirrored = [b for b, it in enumerate(items) if self._mirrors(it)]
+        in_use = self._in_use(items)
+        mirrored = [b for b, it in enumerate(items) if self._mirrors(it, in_use)]
         fwd = [self._catch_up(items[b], 1) for b in active] + [self._catch_up(items[b], 0) for b in mirrored]
         for b in mirrored:
             cached[b] = items[b].request.num_computed + items[b].num_new

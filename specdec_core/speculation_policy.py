@@ -68,6 +68,12 @@ class _Choice:
     k: int = 0
     fixed: bool = False
 
+    @property
+    def lag(self) -> int:
+        """Tokens the draft cache must catch up beyond the one every draft step feeds."""
+        r = self.item.request
+        return max(r.num_computed + self.item.num_new - r.draft_computed - 1, 0) if self.source == "draft" else 0
+
 
 class SpeculationPolicy:
     """Sets ``num_drafts`` and ``lookup`` on the decoding items of a scheduled step."""
@@ -98,7 +104,8 @@ class SpeculationPolicy:
             self._optimise(choices, free)
         for c in choices:
             req = c.item.request
-            if c.k == 0 and self.adaptive and not c.fixed and self._probe_due(req, c.source, c.alpha, c.cap):
+            if (c.k == 0 and self.adaptive and not c.fixed and c.lag <= c.cap
+                    and self._probe_due(req, c.source, c.alpha, c.cap)):
                 c.k = 1
             c.item.num_drafts = c.k
             c.item.source = c.source if c.k else None
@@ -194,7 +201,9 @@ class SpeculationPolicy:
         seconds = self.costs.target(sum(1 + c.k for c in choices))
         depth = max((c.k for c in choices if c.source == "draft"), default=0)
         for j in range(1, depth + 1):
-            seconds += self.costs.draft(sum(1 for c in choices if c.source == "draft" and c.k >= j))
+            # The first draft forward also catches up lagging draft caches (counted as rows).
+            rows = sum(1 + (c.lag if j == 1 else 0) for c in choices if c.source == "draft" and c.k >= j)
+            seconds += self.costs.draft(rows)
         return tokens / seconds if seconds > 0 else 0.0
 
 

@@ -159,3 +159,11 @@ def test_a_reduced_draft_head_proposes_only_its_tokens_and_stays_exact(pair):
     scored = torch.isfinite(logits).nonzero().flatten().tolist()
     assert scored[:2000] == list(range(2000)) and set(scored[2000:]) <= eng.eos_ids | set(
         eng.tokenizer.all_special_ids)
+
+
+def test_a_lagging_draft_cache_is_charged_to_the_step_that_catches_it_up():
+    fresh, lagging = request(0.9), request(0.9)
+    lagging.all_ids = list(range(400))
+    lagging.num_computed = 399  # 399 tokens cached in the target, none in the draft
+    assert plan([fresh]) == [4]
+    assert plan([lagging]) == [0]
