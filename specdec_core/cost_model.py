@@ -49,7 +49,7 @@ class CostTable:
     sizes: list[int]
     seconds: list[float]
 
-    def __call__(self, n: int) -> float:
+    def __call__(self, n: float) -> float:
         sizes, secs = self.sizes, self.seconds
         if n <= sizes[0]:
             return secs[0] * max(n, 0) / sizes[0]
@@ -74,7 +74,7 @@ class StepCostModel:
     def target(self, n: int, frozen: bool = False) -> float:
         return self.target_table(n) * (1.0 if frozen else self.target_scale)
 
-    def draft(self, n: int, frozen: bool = False) -> float:
+    def draft(self, n: float, frozen: bool = False) -> float:
         if self.draft_table is None:
             return 0.0
         return self.draft_table(n) * (1.0 if frozen else self.draft_scale)

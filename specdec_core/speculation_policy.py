@@ -29,7 +29,10 @@ Source = Literal["draft", "ngram"]
 ACCEPTANCE_DECAY = 0.8  # weight of a request's older verify passes in its acceptance estimate
 MAX_ALPHA = 0.98
 PROBE_INTERVAL = 32  # a request that never pays speculates one token every this many steps
-PRIOR = {"draft": 0.6, "ngram": 0.5}  # acceptance assumed before a request has any history
+# Acceptance assumed before a request has any history: optimistic enough that a lone request
+# tries the draft model at once (break-even on the 2-core CPU is about 0.7) and learns its own
+# alpha in a few steps, rather than waiting for a probe.
+PRIOR = {"draft": 0.75, "ngram": 0.5}
 
 
 class AcceptanceEstimate:
@@ -74,6 +77,16 @@ class _Choice:
         r = self.item.request
         return max(r.num_computed + self.item.num_new - r.draft_computed - 1, 0) if self.source == "draft" else 0
 
+    @property
+    def catch_up_rows(self) -> float:
+        """The catch-up's share charged to this step. It serves every later step that drafts, so
+        it is spread over the steps the request has left (its remaining tokens at E(alpha, cap)
+        per step); charging it whole to one step would keep a request that fell behind in a full
+        batch from ever drafting again once it runs alone."""
+        r = self.item.request
+        remaining = max(r.params.max_tokens - len(r.output_ids), 1)
+        return self.lag * min(1.0, expected_tokens(self.alpha, self.cap) / remaining)
+
 
 class SpeculationPolicy:
     """Sets ``num_drafts`` and ``lookup`` on the decoding items of a scheduled step."""
@@ -104,8 +117,7 @@ class SpeculationPolicy:
             self._optimise(choices, free)
         for c in choices:
             req = c.item.request
-            if (c.k == 0 and self.adaptive and not c.fixed and c.lag <= c.cap
-                    and self._probe_due(req, c.source, c.alpha, c.cap)):
+            if c.k == 0 and self.adaptive and not c.fixed and self._probe_due(req, c.source, c.alpha, c.cap):
                 c.k = 1
             c.item.num_drafts = c.k
             c.item.source = c.source if c.k else None
@@ -202,7 +214,7 @@ class SpeculationPolicy:
         depth = max((c.k for c in choices if c.source == "draft"), default=0)
         for j in range(1, depth + 1):
             # The first draft forward also catches up lagging draft caches (counted as rows).
-            rows = sum(1 + (c.lag if j == 1 else 0) for c in choices if c.source == "draft" and c.k >= j)
+            rows = sum(1 + (c.catch_up_rows if j == 1 else 0) for c in choices if c.source == "draft" and c.k >= j)
             seconds += self.costs.draft(rows)
         return tokens / seconds if seconds > 0 else 0.0
 

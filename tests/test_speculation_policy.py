@@ -161,9 +161,12 @@ def test_a_reduced_draft_head_proposes_only_its_tokens_and_stays_exact(pair):
         eng.tokenizer.all_special_ids)
 
 
-def test_a_lagging_draft_cache_is_charged_to_the_step_that_catches_it_up():
-    fresh, lagging = request(0.9), request(0.9)
-    lagging.all_ids = list(range(400))
-    lagging.num_computed = 399  # 399 tokens cached in the target, none in the draft
+def test_a_lagging_draft_cache_is_charged_to_the_steps_it_serves():
+    fresh, lagging, ending = request(0.9), request(0.9), request(0.9)
+    for req in (lagging, ending):
+        req.all_ids = list(range(400))
+        req.num_computed = 399  # 399 tokens cached in the target, none in the draft
+    ending.output_ids = [7] * 98  # 2 tokens left: the catch-up cannot pay for itself
     assert plan([fresh]) == [4]
-    assert plan([lagging]) == [0]
+    assert plan([lagging]) == [4]  # 100 tokens left share the catch-up
+    assert plan([ending]) == [0]
