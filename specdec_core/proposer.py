@@ -15,6 +15,7 @@ import torch
 from .model_runner import ForwardItem, ModelRunner
 from .scheduler import ScheduledRequest
 from .sampling import RowParams, sample, uniforms, warp
+from .speculation_policy import is_seeded
 
 
 @dataclass
@@ -69,9 +70,11 @@ class DraftModelProposer:
         return item.num_drafts if item.source == "draft" else 0
 
     def _mirrors(self, item: ScheduledRequest, in_use: bool) -> bool:
+        """Seeded sampled requests are always mirrored: how their draft cache is segmented (and
+        so the last bits of their draft distributions) must not depend on the batch."""
         r = item.request
-        return (in_use and self._drafts(item) == 0 and r.in_prefill and r.max_spec_tokens > 0
-                and r.draft_computed == r.num_computed)
+        return ((in_use or is_seeded(r)) and self._drafts(item) == 0 and r.in_prefill
+                and r.max_spec_tokens > 0 and r.draft_computed == r.num_computed)
 
     def _in_use(self, items: list[ScheduledRequest]) -> bool:
         return any(self._drafts(it) for it in items) or all(it.request.in_prefill for it in items)

@@ -109,7 +109,7 @@ class SpeculationPolicy:
         for c in choices:
             if not self.adaptive:
                 c.k = c.cap
-            elif _is_seeded(c.item.request):
+            elif is_seeded(c.item.request):
                 c.k, c.fixed = self.solo_k(c.item.request, c.source, c.alpha, c.cap), True
             else:
                 free.append(c)
@@ -219,5 +219,6 @@ class SpeculationPolicy:
         return tokens / seconds if seconds > 0 else 0.0
 
 
-def _is_seeded(req: Request) -> bool:
+def is_seeded(req: Request) -> bool:
+    """A sampled request with its own seed: its draws must not depend on the batch."""
     return req.params.seed is not None and not req.params.greedy
