@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .structured_output import StructuredOutput
+
 
 @dataclass
 class SamplingParams:
@@ -13,6 +15,9 @@ class SamplingParams:
     this request, a smaller positive value lowers k (it is capped by the engine's k).
     ``logprobs``: number of top alternatives per emitted token (0 = only the chosen token's
     log-probability, ``None`` = none). Log-probabilities are the target's raw distribution.
+    ``logit_bias``: token id -> value in [-100, 100] added to that token's logit before warping
+    (draft and target alike). ``min_tokens``: EOS and ``stop_token_ids`` are masked until this many
+    tokens were generated. ``structured``: the output must match it (see ``structured_output``).
     """
 
     max_tokens: int = 16
@@ -27,6 +32,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     num_speculative_tokens: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -40,6 +48,12 @@ class SamplingParams:
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings"),
+            ("min_tokens", 0 <= self.min_tokens <= self.max_tokens, "must be in [0, max_tokens]"),
+            (
+                "logit_bias",
+                all(isinstance(t, int) and t >= 0 and -100.0 <= b <= 100.0 for t, b in self.logit_bias.items()),
+                "must map token ids >= 0 to values in [-100, 100]",
+            ),
             (
                 "num_speculative_tokens",
                 self.num_speculative_tokens is None or self.num_speculative_tokens >= 0,
