@@ -18,6 +18,7 @@ import structlog
 from specdec_core.config import EngineConfig
 from specdec_core.outputs import RequestOutput
 from specdec_core.sampling_params import SamplingParams
+from specdec_core.structured_output import StructuredOutput
 
 log = structlog.get_logger("specdec.server")
 
@@ -47,6 +48,8 @@ class EngineLike(Protocol):
     ) -> RequestStreamLike: ...
 
     def abort(self, request_id: str) -> None: ...
+
+    def compile_structured(self, spec: StructuredOutput) -> None: ...
 
     @property
     def is_healthy(self) -> bool: ...

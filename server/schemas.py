@@ -24,6 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidat
 from pydantic_core import PydanticCustomError
 
 from specdec_core.sampling_params import SamplingParams
+from specdec_core.structured_output import StructuredOutput
 
 from server import limits
 
@@ -170,6 +171,41 @@ class StreamOptions(Schema):
     include_usage: bool = Field(False, description="Send a last chunk with the usage of the whole request.")
 
 
+class JsonSchemaFormat(Schema):
+    """OpenAI's ``response_format.json_schema``: a named JSON schema the output must match."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    # "schema" would shadow a pydantic BaseModel attribute: stored as json_schema, sent as "schema".
+    json_schema: dict[str, Any] = Field(alias="schema")
+    # Output is always constrained to the schema; strict only says the client expects it to be.
+    strict: bool | None = None
+
+
+class ResponseFormat(Schema):
+    """``text`` (unconstrained), ``json_object`` (any JSON object) or ``json_schema``. The JSON
+    formats constrain decoding with a grammar (``specdec_core.grammar``), under speculation too."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise invalid("needs 'json_schema' when 'type' is \"json_schema\".")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise invalid("'json_schema' is only allowed when 'type' is \"json_schema\".")
+        return self
+
+    @property
+    def structured(self) -> StructuredOutput | None:
+        if self.type == "json_object":
+            return StructuredOutput(json_object=True)
+        if self.type == "json_schema":
+            return StructuredOutput(json_schema=self.json_schema.json_schema)  # type: ignore[union-attr]
+        return None
+
+
 class GenerationRequest(Schema):
     """Fields both endpoints share, and the one way to engine ``SamplingParams``."""
 
@@ -185,6 +221,9 @@ class GenerationRequest(Schema):
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None  # accepted; only meaningful to OpenAI's abuse monitoring
     logit_bias: Annotated[dict[str, float], Field(max_length=0), only_off("", {})] = {}
+    response_format: ResponseFormat = Field(
+        ResponseFormat(type="text"), description="json_object / json_schema: decoding is constrained to match."
+    )
     # extensions
     top_k: int = Field(0, ge=-1, le=INT64_MAX, description="Sample from the k most likely tokens; 0 or -1: off.")
     speculative: bool = Field(True, description="false: no speculation for this request.")
@@ -233,6 +272,11 @@ class GenerationRequest(Schema):
         """Top alternatives the engine reports per token; None: no log-probabilities at all."""
         raise NotImplementedError
 
+    @property
+    def structured_output(self) -> StructuredOutput | None:
+        """What decoding is constrained to, if anything."""
+        return self.response_format.structured
+
     def to_sampling_params(self, max_tokens: int, choice: int) -> SamplingParams:
         """Engine parameters for one choice; choice i of a seeded request uses seed + i (wrapping
         within int64), so choices differ from each other yet the request stays reproducible."""
@@ -252,6 +296,7 @@ class GenerationRequest(Schema):
             ignore_eos=self.ignore_eos,
             logprobs=self.num_logprobs,
             num_speculative_tokens=self.num_speculative_tokens if self.speculative else 0,
+            structured=self.structured_output,
         )
 
 
@@ -340,9 +385,6 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
-    response_format: dict[str, Any] = Field(
-        {"type": "text"}, json_schema_extra={"properties": {"type": {"const": "text"}}, "required": ["type"]}
-    )
     tools: NoTools = []
     functions: NoTools = []
     tool_choice: NoToolChoice = "none"
@@ -377,13 +419,6 @@ class ChatCompletionRequest(GenerationRequest):
     def _needs_logprobs(cls, value: int, info: ValidationInfo) -> int:
         if info.data.get("logprobs") is not True:
             raise invalid("requires 'logprobs': true.")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_format_only(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if value.get("type") != "text":
-            raise unsupported('Only {"type": "text"} is accepted.')
         return value
 
     @property

@@ -25,6 +25,7 @@ from .outputs import RequestOutput
 from .progress_log import phase
 from .request import Request
 from .sampling_params import SamplingParams
+from .structured_output import StructuredOutput
 
 log = logging.getLogger("specdec.async_engine")
 
@@ -129,6 +130,11 @@ class AsyncEngine:
     @property
     def num_unfinished(self) -> int:
         return len(self._streams)
+
+    def compile_structured(self, spec: StructuredOutput) -> None:
+        """Check (and cache) a structured-output spec: ``ValueError`` says why it cannot be
+        compiled. Thread-safe and not instant: call it off the event loop."""
+        self.engine.compile_structured(spec)
 
     def add_request(self, prompt: str | list[int], params: SamplingParams,
                     request_id: str | None = None) -> RequestStream:

@@ -26,6 +26,7 @@ from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .draft_vocab import frequent_token_ids
 from .eos import eos_token_ids
+from .grammar import CompiledGrammar, GrammarCompiler
 from .metrics import EngineMetrics
 from .model_runner import ForwardItem, ModelRunner
 from .outputs import RequestOutput, TokenLogprob
@@ -33,8 +34,9 @@ from .progress_log import phase
 from .cost_model import StepCostModel, calibrate
 from .proposer import DraftModelProposer, NgramIndex, Proposal, propose
 from .request import Request
-from .sampling import RowParams, warp
+from .sampling import warp
 from .sampling_params import SamplingParams
+from .structured_output import StructuredOutput
 from .scheduler import ScheduledStep, Scheduler
 from .speculation_policy import SpeculationPolicy
 from .verifier import VerifyResult, verify, verify_greedy
@@ -121,10 +123,15 @@ class Engine:
         self._fault_marker = os.environ.get(FAULT_INJECTION_ENV) or None
         self._faulty: set[str] = set()
         self.costs = self._measure_costs()
-        self.policy = SpeculationPolicy(method, self.costs, config.adaptive_speculation, self.max_model_len,
-                                        lambda req, k: req.ngram.lookup(req.all_ids, k) if req.ngram else [])
+        self.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
+        self.policy = SpeculationPolicy(method, self.costs, config.adaptive_speculation, self.max_model_len, _lookup)
 
     # ------------------------------------------------------------------ requests in and out
+
+    def compile_structured(self, spec: StructuredOutput) -> CompiledGrammar:
+        """Compile (and cache) a structured-output spec; ``ValueError`` says why it cannot be.
+        Safe from any thread: servers call it off the event loop before submitting."""
+        return self.grammars.compile(spec)
 
     def make_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None) -> Request:
         """Validate and tokenize; safe to call from any thread (it touches no engine state)."""
@@ -151,6 +158,10 @@ class Engine:
                       IncrementalDetokenizer(self.tokenizer, params.stop), k)
         if self.method in ("ngram", "auto"):
             req.ngram = NgramIndex(self.config.ngram_min, self.config.ngram_max)
+        if params.structured is not None:
+            req.grammar = self.grammars.compile(params.structured).new_state()
+        if params.min_tokens:
+            req.min_tokens_ban = sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids))
         if self._fault_marker and self._fault_marker in self.tokenizer.decode(ids):
             self._faulty.add(rid)
         return req
@@ -254,8 +265,7 @@ class Engine:
                 logits: torch.Tensor):
         dev = logits.device
         k_max = max(len(d) for d in drafts)
-        rows = [RowParams(r.params, r.output_ids + d[:j] if r.params.has_penalties else None)
-                for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
+        rows = [r.row_params(d[:j]) for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
         probs = warp(logits, rows)
         if all(r.params.greedy for r in reqs):
             return verify_greedy(probs.argmax(dim=-1), drafts)
@@ -289,8 +299,15 @@ class Engine:
             raise RuntimeError("fault injected for testing (SPECDEC_FAULT_INJECTION)")
         new = drafts[:accepted] + [final]
         req.num_computed += accepted
+        complete = False
+        if req.grammar is not None:
+            # The grammar state only matters while the request runs: every later cut finishes it.
+            new = new[: req.grammar.commit(new)]
+            complete = req.grammar.finished
         kept, reason = self._apply_token_stops(req, new)
         text_ids = kept[:-1] if reason == "stop" else kept
+        if reason is None and complete:
+            reason = "stop"  # the output is complete: nothing but the end could follow
         delta, n_stop = req.detokenizer.add(text_ids)
         if n_stop is not None:
             kept, reason = kept[:n_stop], "stop"
@@ -403,3 +420,12 @@ class Engine:
         while self.has_unfinished():
             self.step()
         return [Completion(r.request_id, r.output_ids, r.detokenizer.emitted, r.finish_reason, r.stats) for r in reqs]
+
+
+def _lookup(req: Request, k: int) -> list[int]:
+    """Prompt-lookup drafts for ``req``, cut where its grammar (if any) would reject them: a draft
+    the target can never accept only costs verification rows."""
+    tokens = req.ngram.lookup(req.all_ids, k) if req.ngram else []
+    if tokens and req.grammar is not None:
+        tokens = tokens[: req.grammar.valid_prefix(tokens)]
+    return tokens

@@ -14,7 +14,7 @@ import torch
 
 from .model_runner import ForwardItem, ModelRunner
 from .scheduler import ScheduledRequest
-from .sampling import RowParams, sample, uniforms, warp
+from .sampling import sample, uniforms, warp
 from .speculation_policy import is_seeded
 
 
@@ -107,11 +107,16 @@ class DraftModelProposer:
             for b in active:
                 cached[b] = items[b].request.num_computed + items[b].num_new + j
             reqs = [items[b].request for b in active]
-            q = warp(logits[: len(active)], [RowParams(r.params, r.output_ids + tokens[b] if r.params.has_penalties else None) for r, b in zip(reqs, active)])
+            q = warp(logits[: len(active)], [r.row_params(tokens[b]) for r, b in zip(reqs, active)])
             u = uniforms([r.generator for r in reqs], 1, q.device)[:, 0]
-            for i, (b, x) in enumerate(zip(active, sample(q, u).tolist())):
+            stuck = []
+            for i, (b, x, has_mass) in enumerate(zip(active, sample(q, u).tolist(), (q.sum(dim=-1) > 0).tolist())):
+                if not has_mass:  # the draft head scores no token the grammar allows here
+                    stuck.append(b)
+                    continue
                 probs[b, j] = q[i]
                 tokens[b].append(x)
+            active = [b for b in active if b not in stuck]
         return Proposal(tokens, probs, cached)
 
     @staticmethod

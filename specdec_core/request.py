@@ -11,10 +11,12 @@ import torch
 
 from .detokenizer import IncrementalDetokenizer
 from .outputs import FinishReason, RequestStats
+from .sampling import RowParams
 from .sampling_params import SamplingParams
 from .speculation_policy import PRIOR, AcceptanceEstimate
 
 if TYPE_CHECKING:
+    from .grammar import GrammarState
     from .proposer import NgramIndex
 
 
@@ -60,6 +62,25 @@ class Request:
         self.acceptance = {source: AcceptanceEstimate(prior) for source, prior in PRIOR.items()}
         # Prompt-lookup index over all_ids, for the n-gram proposer (None when it is not used).
         self.ngram: NgramIndex | None = None
+        # Structured output: the grammar state at the committed tokens (None: unconstrained).
+        self.grammar: GrammarState | None = None
+        # Token ids masked until ``params.min_tokens`` tokens are out (EOS unless ignored, stop ids).
+        self.min_tokens_ban: list[int] = []
+
+    def row_params(self, drafts: list[int]) -> RowParams:
+        """How the logits row after the committed tokens plus ``drafts`` is warped. The draft
+        model's q and the target's p both come from here: one rule for both is what keeps
+        speculation lossless under penalties, ``min_tokens`` and grammars alike."""
+        p = self.params
+        history = self.output_ids + drafts if p.has_penalties else None
+        allowed = self.grammar.mask(drafts) if self.grammar is not None else None
+        banned = self.min_tokens_ban if len(self.output_ids) + len(drafts) < p.min_tokens else []
+        if banned and allowed is not None:
+            rest = allowed.clone()
+            rest[banned] = False
+            if not rest.any():
+                banned = []  # the grammar allows only the end here: it wins over min_tokens
+        return RowParams(p, history, banned, allowed)
 
     @property
     def in_prefill(self) -> bool:

@@ -8,7 +8,7 @@ argmax", so greedy and sampled requests share one vectorised verification.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,26 +17,34 @@ from .sampling_params import SamplingParams
 
 @dataclass
 class RowParams:
-    """Warping parameters of one logits row, plus the output-token history penalties look at."""
+    """How one logits row is warped: the request's parameters plus what depends on the row's
+    position (``Request.row_params`` builds it, for draft and target rows alike)."""
 
     params: SamplingParams
     # Output tokens generated so far (committed + drafts before this row); only used by penalties.
     history: list[int] | None = None
+    # Token ids this row must not produce (EOS and stop ids before ``min_tokens``).
+    banned: list[int] = field(default_factory=list)
+    # Bool [V]: the only tokens the request's grammar allows here (None: no grammar).
+    allowed: torch.Tensor | None = None
+
+    @property
+    def edits_logits(self) -> bool:
+        return bool(self.params.has_penalties or self.params.logit_bias or self.banned or self.allowed is not None)
 
 
 def warp(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
-    """Turn raw logits ``[N, V]`` into the probability distributions the request samples from."""
+    """Turn raw logits ``[N, V]`` into the probability distributions the request samples from.
+
+    A row left with no finite logit (a reduced draft head that scores none of the tokens a grammar
+    allows) gets all-zero probabilities: the draft proposer stops drafting there."""
     logits = logits.float()
     n, vocab = logits.shape
-    if any(r.params.has_penalties for r in rows):
+    if any(r.edits_logits for r in rows):
         logits = logits.clone()
         for i, r in enumerate(rows):
-            p = r.params
-            if p.has_penalties and r.history:
-                counts = torch.bincount(
-                    torch.tensor(r.history, device=logits.device), minlength=vocab
-                )[:vocab].to(logits.dtype)
-                logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+            if r.edits_logits:
+                _edit_row(logits[i], r)
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
     probs = torch.zeros_like(logits)
@@ -51,7 +59,26 @@ def warp(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
         if any(0 < k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
             part = _top_k_top_p(part, top_k, top_p)
         probs[s] = torch.softmax(part, dim=-1)
+    dead = ~torch.isfinite(logits).any(dim=-1) if any(r.edits_logits for r in rows) else None
+    if dead is not None and dead.any():
+        probs[dead] = 0.0
     return probs
+
+
+def _edit_row(row: torch.Tensor, r: RowParams) -> None:
+    """Grammar mask, min_tokens ban, logit bias, then presence/frequency penalties, in place."""
+    p, vocab = r.params, row.shape[0]
+    if r.allowed is not None:
+        row.masked_fill_(~r.allowed.to(row.device), float("-inf"))
+    if r.banned:
+        row[torch.tensor(r.banned, device=row.device)] = float("-inf")
+    if p.logit_bias:
+        ids = [t for t in p.logit_bias if t < vocab]
+        row[torch.tensor(ids, dtype=torch.long, device=row.device)] += torch.tensor(
+            [p.logit_bias[t] for t in ids], dtype=row.dtype, device=row.device)
+    if p.has_penalties and r.history:
+        counts = torch.bincount(torch.tensor(r.history, device=row.device), minlength=vocab)[:vocab].to(row.dtype)
+        row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:

@@ -151,7 +151,7 @@ ODD_VALUES = [
      "messages[0].content[0].type"),
     ("name-object", CHAT, {**M, "messages": [{"role": "user", "content": "hi", "name": {}}]}, "messages[0].name"),
     ("tool-choice-object", CHAT, {**M, "tool_choice": {"type": {}}}, "tool_choice"),
-    ("response-format-type-object", CHAT, {**M, "response_format": {"type": {}}}, "response_format"),
+    ("response-format-type-object", CHAT, {**M, "response_format": {"type": {}}}, "response_format.type"),
     ("stop-object", C, {**P, "stop": [{}]}, "stop"),
     ("logit-bias-object", C, {**P, "logit_bias": {"1": {}}}, "logit_bias"),
     ("model-object", C, {**P, "model": {}}, "model"),

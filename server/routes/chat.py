@@ -17,7 +17,7 @@ from server.generation_response import generate
 from server.prompts import render_chat, resolve_max_tokens
 from server.renderers import ChatRenderer
 from server.responses import TokenText
-from server.routes.common import check_model, read_request, server_state
+from server.routes.common import check_model, check_structured, read_request, server_state
 from server.schemas import ChatCompletionRequest
 
 
@@ -36,6 +36,7 @@ async def create_chat_completion(request: Request) -> Response:
     budget = resolve_max_tokens(
         len(prompt_ids), req.completion_budget, engine.max_model_len, prompt_param="messages", tokens_param=req.budget_param
     )
+    await check_structured(engine, req.structured_output, "response_format")
     jobs = [Job(i, prompt_ids, req.to_sampling_params(budget, i), counts_prompt=i == 0) for i in range(req.n)]
 
     renderer = ChatRenderer(TokenText(tokenizer), req.num_logprobs is not None)

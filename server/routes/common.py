@@ -6,10 +6,12 @@ import asyncio
 from typing import TypeVar
 
 import structlog
+from specdec_core.structured_output import StructuredOutput
 from starlette.requests import Request
 
 from server.body import read_json_body
-from server.errors import APIError
+from server.engine import EngineLike
+from server.errors import APIError, invalid_request
 from server.parsing import parse_body
 from server.request_log import request_id, request_log
 from server.schemas import Schema
@@ -53,3 +55,14 @@ def check_model(state: ServerState, model: str | None) -> str:
     if model is not None and model != served:
         raise APIError(404, f"The model '{model}' does not exist. This server serves '{served}'.", param="model", code="model_not_found")
     return served
+
+
+async def check_structured(engine: EngineLike, spec: StructuredOutput | None, param: str) -> None:
+    """Compile a structured-output spec off the event loop (the engine caches it for the request's
+    choices); a spec the grammar engine cannot compile is a 400 that says why."""
+    if spec is None:
+        return
+    try:
+        await asyncio.to_thread(engine.compile_structured, spec)
+    except ValueError as exc:
+        raise invalid_request(f"'{param}' {exc}", param, code="invalid_response_format") from None

@@ -17,7 +17,7 @@ from server.generation_response import generate
 from server.prompts import resolve_max_tokens, tokenize_prompts
 from server.renderers import CompletionRenderer
 from server.responses import TokenText
-from server.routes.common import check_model, read_request, server_state
+from server.routes.common import check_model, check_structured, read_request, server_state
 from server.schemas import CompletionRequest
 
 
@@ -43,6 +43,7 @@ async def create_completion(request: Request) -> Response:
             if req.echo:
                 echoes[index] = prompt if isinstance(prompt, str) else tokenizer.decode(ids)
 
+    await check_structured(engine, req.structured_output, "response_format")
     renderer = CompletionRenderer(TokenText(tokenizer), req.num_logprobs is not None, echoes)
     return await generate(
         request, state, engine, jobs, renderer, endpoint="completions", id_prefix="cmpl", model=model,
