@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from server.errors import invalid_request
+from server.tool_calls import fallback_messages, template_takes_tools
 
 
 def tokenize_prompts(tokenizer: Any, prompts: list[str | list[int]], vocab_size: int) -> list[list[int]]:
@@ -40,8 +41,15 @@ def tokenize_prompt(tokenizer: Any, prompt: str | list[int], vocab_size: int, pa
     return ids
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, str]], *, special_tokens_in_content: bool) -> list[int]:
+def render_chat(
+    tokenizer: Any, messages: list[dict[str, Any]], *, special_tokens_in_content: bool,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
     """Token ids of the chat template applied to ``messages``, ready for the assistant's reply.
+
+    ``tools`` (function definitions) go through the template where it takes them (Qwen2.5's
+    does); otherwise ``server.tool_calls.fallback_messages`` describes them, and past calls and
+    tool results, in plain messages.
 
     The rendered text already contains the template's special tokens, so it is encoded without
     adding more (a second BOS would change what the model sees). Special-token text inside the
@@ -54,10 +62,16 @@ def render_chat(tokenizer: Any, messages: list[dict[str, str]], *, special_token
         raise invalid_request(
             "This model has no chat template; use /v1/completions with a plain prompt.", "messages", code="no_chat_template"
         )
+    uses_tools = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+    extra: dict[str, Any] = {}
+    if uses_tools and template_takes_tools(tokenizer):
+        extra["tools"] = [{"type": "function", "function": t} for t in tools or []] or None
+    elif uses_tools:
+        messages = fallback_messages(messages, tools or [])
     try:
         ids = tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=False,
-            sanitize_control_tokens=not special_tokens_in_content,
+            sanitize_control_tokens=not special_tokens_in_content, **extra,
         )
     except Exception as exc:  # jinja2 TemplateError / raise_exception() inside the template
         raise invalid_request(f"The model's chat template rejected these messages: {exc}", "messages") from None

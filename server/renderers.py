@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from server.generation import Choice
 from server.responses import CompletionLogprobs, TokenText, chat_logprobs
+from server.tool_calls import ToolCallParser, parse_tool_calls
 from specdec_core.outputs import TokenLogprob
 
 
@@ -98,10 +99,16 @@ class ChatRenderer:
     """``/v1/chat/completions``: ``chat.completion`` bodies, ``chat.completion.chunk`` deltas.
 
     A stream opens with one chunk giving every choice its ``assistant`` role, as OpenAI does.
+    With ``tools`` (the declared function names), tool calls are parsed out of the text
+    (``server.tool_calls``): content streams as it arrives, each call is sent as a
+    ``delta.tool_calls`` entry once its block is complete, and a choice that called a tool ends
+    with ``finish_reason: "tool_calls"``.
     """
 
     token_text: TokenText
     logprobs: bool
+    tools: set[str] = field(default_factory=set)
+    _parsers: dict[int, ToolCallParser] = field(default_factory=dict, init=False, repr=False)
 
     def object_name(self, *, chunk: bool) -> str:
         return "chat.completion.chunk" if chunk else "chat.completion"
@@ -111,18 +118,47 @@ class ChatRenderer:
 
     def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
         piece = chat_logprobs(self.token_text, logprobs) if self.logprobs and logprobs else None
-        if not text and piece is None:
+        delta: dict[str, Any] = {"content": text}
+        if self.tools:
+            parser = self._parser(index)
+            first = parser.num_calls
+            content, calls = parser.feed(text)
+            delta = {"content": content} if content or not calls else {}
+            if calls:
+                delta["tool_calls"] = [call.to_openai(first + i) for i, call in enumerate(calls)]
+        if not delta.get("content") and "tool_calls" not in delta and piece is None:
             return None
-        return chat_chunk_choice(index, {"content": text}, None, piece)
+        return chat_chunk_choice(index, delta, None, piece)
 
     def finish(self, index: int, finish_reason: str | None) -> dict[str, Any]:
-        return chat_chunk_choice(index, {}, finish_reason)
+        if not self.tools:
+            return chat_chunk_choice(index, {}, finish_reason)
+        parser = self._parser(index)
+        rest = parser.finish()  # held back or unclosed: it was content after all
+        return chat_chunk_choice(index, {"content": rest} if rest else {}, _finish_reason(finish_reason, parser.num_calls))
 
     def choice(self, choice: Choice) -> dict[str, Any]:
         logprobs = chat_logprobs(self.token_text, choice.logprobs) if self.logprobs else None
+        text = "".join(choice.text)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        calls = []
+        if self.tools:
+            message["content"], calls = parse_tool_calls(text, self.tools)
+            if calls:
+                message["tool_calls"] = [call.to_openai() for call in calls]
         return {
             "index": choice.index,
-            "message": {"role": "assistant", "content": "".join(choice.text)},
+            "message": message,
             "logprobs": logprobs,
-            "finish_reason": choice.finish_reason,
+            "finish_reason": _finish_reason(choice.finish_reason, len(calls)),
         }
+
+    def _parser(self, index: int) -> ToolCallParser:
+        if index not in self._parsers:
+            self._parsers[index] = ToolCallParser(self.tools)
+        return self._parsers[index]
+
+
+def _finish_reason(engine_reason: str | None, num_calls: int) -> str | None:
+    """OpenAI's ``tool_calls`` when a choice that called a tool ended by itself."""
+    return "tool_calls" if num_calls and engine_reason == "stop" else engine_reason

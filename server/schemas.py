@@ -18,6 +18,8 @@ Extensions (documented in ``specdec serve --help``): ``top_k`` (0 or -1 = off),
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationInfo, field_validator, model_validator
@@ -27,15 +29,17 @@ from specdec_core.sampling_params import SamplingParams
 from specdec_core.structured_output import StructuredOutput
 
 from server import limits
+from server.errors import invalid_request
 
 MAX_N = 128
+MAX_LOGIT_BIAS = 1024
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
 # Integers are int64 (as in OpenAI's API): a bound on every integer field keeps absurd values
 # (JSON integers are unbounded) a clear range error instead of arithmetic on 4000-digit numbers.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 SEED_MIN, SEED_MAX = INT64_MIN, INT64_MAX
-TOOLS_UNSUPPORTED = "Tool and function calling are not implemented."
+LEGACY_FUNCTIONS = "The deprecated 'functions' and 'function_call' are not supported; use 'tools' and 'tool_choice'."
 T = TypeVar("T")
 
 
@@ -97,9 +101,8 @@ def only_off(detail: str, *off: Any) -> BeforeValidator:
     return BeforeValidator(check)
 
 
-NoTools = Annotated[list[dict[str, Any]], Field(max_length=0), only_off(TOOLS_UNSUPPORTED, [])]
-NoToolChoice = Annotated[Literal["none"], only_off(TOOLS_UNSUPPORTED, "none")]
-NoToolCalls = Annotated[None, only_off(TOOLS_UNSUPPORTED)]
+NoFunctions = Annotated[list[dict[str, Any]], Field(max_length=0), only_off(LEGACY_FUNCTIONS, [])]
+NoFunctionCall = Annotated[None, only_off(LEGACY_FUNCTIONS)]
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
@@ -220,7 +223,11 @@ class GenerationRequest(Schema):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None  # accepted; only meaningful to OpenAI's abuse monitoring
-    logit_bias: Annotated[dict[str, float], Field(max_length=0), only_off("", {})] = {}
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] = Field(
+        {}, max_length=MAX_LOGIT_BIAS, description="Token id (as a string) -> value added to its logit, in [-100, 100].",
+        json_schema_extra={"propertyNames": {"pattern": "^[0-9]{1,19}$"}},
+    )
+    min_tokens: int = Field(0, ge=0, le=INT64_MAX, description="EOS and stop_token_ids are masked until this many tokens.")
     response_format: ResponseFormat = Field(
         ResponseFormat(type="text"), description="json_object / json_schema: decoding is constrained to match."
     )
@@ -249,6 +256,14 @@ class GenerationRequest(Schema):
             limits.check_count(len(value), settings.max_stop_token_ids, "max_stop_token_ids", "token ids")
         return value
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, value: dict[str, float]) -> dict[str, float]:
+        for key in value:
+            if not (key.isascii() and key.isdigit() and len(key) <= 19):
+                raise invalid("keys must be token ids written as decimal strings, got {key}.", key=key[:40])
+        return value
+
     @field_validator("stream_options")
     @classmethod
     def _only_when_streaming(cls, value: StreamOptions, info: ValidationInfo) -> StreamOptions:
@@ -262,6 +277,17 @@ class GenerationRequest(Schema):
         if value > 0 and info.data.get("speculative") is False:
             raise invalid("> 0 contradicts 'speculative': false.")
         return value
+
+    def check_engine_limits(self, vocab_size: int, max_tokens: int) -> None:
+        """What the schema cannot know: the vocabulary and the completion budget (400 if broken)."""
+        bad = [key for key in self.logit_bias if int(key) >= vocab_size]
+        if bad:
+            raise invalid_request(
+                f"'logit_bias' has token id {bad[0]}, outside the vocabulary (valid ids: 0 <= id < {vocab_size}).",
+                "logit_bias", code="invalid_token_id")
+        if self.min_tokens > max_tokens:
+            raise invalid_request(
+                f"'min_tokens' ({self.min_tokens}) is more than the completion may have ({max_tokens} tokens).", "min_tokens")
 
     @property
     def include_usage(self) -> bool:
@@ -277,9 +303,12 @@ class GenerationRequest(Schema):
         """What decoding is constrained to, if anything."""
         return self.response_format.structured
 
-    def to_sampling_params(self, max_tokens: int, choice: int) -> SamplingParams:
+    def to_sampling_params(
+        self, max_tokens: int, choice: int, structured: StructuredOutput | None = None
+    ) -> SamplingParams:
         """Engine parameters for one choice; choice i of a seeded request uses seed + i (wrapping
-        within int64), so choices differ from each other yet the request stays reproducible."""
+        within int64), so choices differ from each other yet the request stays reproducible.
+        ``structured``: the constraint to decode under (default: the ``response_format``'s)."""
         seed = None
         if self.seed is not None:
             seed = (self.seed + choice - SEED_MIN) % 2**64 + SEED_MIN
@@ -296,7 +325,9 @@ class GenerationRequest(Schema):
             ignore_eos=self.ignore_eos,
             logprobs=self.num_logprobs,
             num_speculative_tokens=self.num_speculative_tokens if self.speculative else 0,
-            structured=self.structured_output,
+            logit_bias={int(key): value for key, value in self.logit_bias.items()},
+            min_tokens=self.min_tokens,
+            structured=structured if structured is not None else self.structured_output,
         )
 
 
@@ -353,23 +384,124 @@ def _text_as_parts(value: Any) -> Any:
     return value
 
 
-class ChatMessage(Schema):
-    """One message of a conversation ("developer" is read as "system")."""
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
-    role: Literal["system", "developer", "user", "assistant"]
-    # A string is one text part; the parts' texts are joined (see ``text``).
+
+class FunctionDefinition(Schema):
+    """A tool the model may call: its name, what it does, and a JSON schema of its arguments."""
+
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # accepted; calls forced by tool_choice always match the schema
+
+
+class Tool(Schema):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(Schema):
+    name: FunctionName
+
+
+class NamedToolChoice(Schema):
+    """``{"type": "function", "function": {"name": ...}}``: call exactly this tool."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+TOOL_CHOICE_FORMS = 'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}.'
+ToolMode = Literal["none", "auto", "required"]
+
+
+def _tool_choice(value: Any) -> str | NamedToolChoice:
+    """One of the modes or a named function; a bad value is reported against ``tool_choice``
+    itself (a pydantic union would name its members in the error's location)."""
+    if isinstance(value, str) and value in ("none", "auto", "required"):
+        return value
+    function = value.get("function") if isinstance(value, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if value.get("type") != "function" if isinstance(value, dict) else True:
+        raise invalid(TOOL_CHOICE_FORMS)
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+        raise invalid(TOOL_CHOICE_FORMS)
+    return NamedToolChoice(type="function", function=NamedFunction(name=name))
+
+
+ToolChoice = Annotated[ToolMode | NamedToolChoice, PlainValidator(_tool_choice, json_schema_input_type=ToolMode | NamedToolChoice)]
+
+
+class FunctionCall(Schema):
+    name: FunctionName
+    arguments: str  # a JSON object, as text (OpenAI's format)
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, value: str) -> str:
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            raise invalid("must be a JSON object written as a string.") from None
+        if not isinstance(parsed, dict):
+            raise invalid("must be a JSON object written as a string.")
+        return value
+
+
+class AssistantToolCall(Schema):
+    """A call the assistant made earlier in the conversation."""
+
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+def _message_schema(schema: dict[str, Any]) -> None:
+    """Say in the JSON schema what ``ChatMessage`` checks across fields: ``tool_call_id`` exactly
+    on tool messages."""
+    _nullable_optionals(schema)
+    schema["if"] = {"properties": {"role": {"const": "tool"}}, "required": ["role"]}
+    schema["then"] = {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string"}}}
+    schema["else"] = {"properties": {"tool_call_id": {"type": "null"}}}
+
+
+class ChatMessage(Schema):
+    """One message of a conversation ("developer" is read as "system"). An assistant message may
+    carry ``tool_calls`` instead of content; a ``tool`` message answers the call ``tool_call_id``."""
+
+    model_config = ConfigDict(json_schema_extra=lambda schema: _message_schema(schema))
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # A string is one text part; the parts' texts are joined (see ``text``). An assistant message
+    # that only calls tools may leave it out or null.
     content: Annotated[list[ContentPart], BeforeValidator(_text_as_parts, json_schema_input_type=str | list[ContentPart])]
     name: str | None = None
-    tool_calls: NoToolCalls = None
-    tool_call_id: NoToolCalls = None
-    function_call: NoToolCalls = None
+    tool_calls: list[AssistantToolCall] = []
+    tool_call_id: str | None = None
+    function_call: NoFunctionCall = None
 
     @field_validator("role", mode="before")
     @classmethod
-    def _no_tool_roles(cls, value: Any) -> Any:
-        if value in ("tool", "function"):
-            raise unsupported("Role '{role}' is not supported (no tool calling).", role=value)
+    def _no_function_role(cls, value: Any) -> Any:
+        if value == "function":
+            raise unsupported("Role 'function' is deprecated and not supported; use 'tool' messages.")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _calls_need_no_content(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("role") == "assistant" and data.get("tool_calls") and data.get("content") is None:
+            return {**data, "content": ""}
+        return data
+
+    @model_validator(mode="after")
+    def _fields_fit_the_role(self) -> "ChatMessage":
+        if self.tool_calls and self.role != "assistant":
+            raise invalid("'tool_calls' is only allowed on assistant messages.")
+        if (self.tool_call_id is None) == (self.role == "tool"):
+            raise invalid("'tool_call_id' is required on tool messages and only allowed there.")
+        return self
 
     @property
     def text(self) -> str:
@@ -385,11 +517,11 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
-    tools: NoTools = []
-    functions: NoTools = []
-    tool_choice: NoToolChoice = "none"
-    function_call: NoToolChoice = "none"
-    parallel_tool_calls: NoToolCalls = None
+    tools: list[Tool] = Field([], max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    functions: NoFunctions = []
+    function_call: NoFunctionCall = None
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -434,12 +566,67 @@ class ChatCompletionRequest(GenerationRequest):
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def template_messages(self) -> list[dict[str, str]]:
-        """The messages as the chat template expects them (``developer`` is OpenAI's new ``system``)."""
+    def template_messages(self) -> list[dict[str, Any]]:
+        """The messages as chat templates expect them: ``developer`` is OpenAI's new ``system``,
+        and a past call's arguments are an object, not OpenAI's JSON text (templates serialize
+        them themselves)."""
         out = []
         for msg in self.messages:
-            entry = {"role": "system" if msg.role == "developer" else msg.role, "content": msg.text}
+            entry: dict[str, Any] = {"role": "system" if msg.role == "developer" else msg.role, "content": msg.text}
             if msg.name is not None:
                 entry["name"] = msg.name
+            if msg.tool_calls:
+                entry["tool_calls"] = [
+                    {"id": c.id, "type": "function",
+                     "function": {"name": c.function.name, "arguments": json.loads(c.function.arguments)}}
+                    for c in msg.tool_calls
+                ]
+            if msg.tool_call_id is not None:
+                entry["tool_call_id"] = msg.tool_call_id
             out.append(entry)
         return out
+
+    @field_validator("tools")
+    @classmethod
+    def _distinct_names(cls, value: list[Tool]) -> list[Tool]:
+        names = [t.function.name for t in value]
+        if len(set(names)) != len(names):
+            raise invalid("names a function twice.")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_fits_tools(cls, value: Any, info: ValidationInfo) -> Any:
+        names = [t.function.name for t in info.data.get("tools", [])]
+        if isinstance(value, NamedToolChoice) and value.function.name not in names:
+            raise invalid("names the function '{name}', which is not in 'tools'.", name=value.function.name)
+        if value == "required" and not names:
+            raise invalid("\"required\" needs 'tools'.")
+        fmt = info.data.get("response_format")
+        if (value == "required" or isinstance(value, NamedToolChoice)) and fmt is not None and fmt.type != "text":
+            raise invalid("that forces a tool call cannot be combined with a JSON 'response_format'.")
+        return value
+
+    @property
+    def offered_tools(self) -> list[dict[str, Any]]:
+        """The functions the prompt offers: none when ``tool_choice`` is ``"none"`` (as vLLM does by
+        default), so the model is not invited to write calls nobody parses."""
+        if self.tool_choice == "none":
+            return []
+        return [{"name": t.function.name, "description": t.function.description or "",
+                 "parameters": t.function.parameters or {"type": "object", "properties": {}}} for t in self.tools]
+
+    @property
+    def parallel_calls_allowed(self) -> bool:
+        """Several calls in one answer: with ``required`` and ``parallel_tool_calls`` (a named
+        function is called exactly once)."""
+        return self.tool_choice == "required" and self.parallel_tool_calls
+
+    @property
+    def forced_tools(self) -> list[str]:
+        """Functions one of which the output must call (decoding is constrained); [] for none/auto."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return [self.tool_choice.function.name]
+        if self.tool_choice == "required":
+            return [t.function.name for t in self.tools]
+        return []

@@ -153,7 +153,7 @@ ODD_VALUES = [
     ("tool-choice-object", CHAT, {**M, "tool_choice": {"type": {}}}, "tool_choice"),
     ("response-format-type-object", CHAT, {**M, "response_format": {"type": {}}}, "response_format.type"),
     ("stop-object", C, {**P, "stop": [{}]}, "stop"),
-    ("logit-bias-object", C, {**P, "logit_bias": {"1": {}}}, "logit_bias"),
+    ("logit-bias-object", C, {**P, "logit_bias": {"1": {}}}, "logit_bias.1"),
     ("model-object", C, {**P, "model": {}}, "model"),
     ("user-array", CHAT, {**M, "user": ["x"]}, "user"),
 ]

@@ -266,3 +266,19 @@ def test_metrics_exported(http: httpx.Client) -> None:
     assert metric_value(text, "specdec_inter_token_latency_seconds_count") >= 1
     assert 0.0 <= metric_value(text, "specdec_kv_cache_usage_perc") <= 1.0
     assert metric_value(text, "specdec_engine_healthy") == 1.0
+
+
+def test_logit_bias_and_min_tokens_are_honoured(client: openai.OpenAI) -> None:
+    """+100 on a token makes greedy decoding write only it; with that token also a stop token,
+    min_tokens holds the stop back for exactly that many tokens (speculation on: the same rule
+    warps draft and target rows)."""
+    forced = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=0,
+                                       logit_bias={"1012": 100})
+    tokens = forced.choices[0].logprobs.tokens
+    assert len(tokens) == 5 and len(set(tokens)) == 1
+    held = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0, logit_bias={"1012": 100},
+                                     extra_body={"min_tokens": 3, "stop_token_ids": [1012]})
+    assert held.choices[0].finish_reason == "stop" and held.usage.completion_tokens == 4
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=10, temperature=0, logit_bias={"1012": 100},
+                                      extra_body={"stop_token_ids": [1012]})
+    assert plain.usage.completion_tokens == 1

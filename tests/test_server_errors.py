@@ -79,8 +79,11 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     ("unknown-model-chat", CHAT, {**M, "model": "gpt-4"}, 404, "model", "model_not_found"),
     ("suffix", C, {**P, "suffix": "end"}, 400, "suffix", "unsupported_parameter"),
     ("best-of", C, {**P, "best_of": 3}, 400, "best_of", "unsupported_parameter"),
-    ("logit-bias", C, {**P, "logit_bias": {"50256": -100}}, 400, "logit_bias", "unsupported_parameter"),
-    ("tools", CHAT, {**M, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools", "unsupported_parameter"),
+    ("logit-bias-out-of-vocab", C, {**P, "logit_bias": {"9999999": -100}}, 400, "logit_bias", "invalid_token_id"),
+    ("logit-bias-key", C, {**P, "logit_bias": {"the": -100}}, 400, "logit_bias", None),
+    ("logit-bias-range", CHAT, {**M, "logit_bias": {"5": 101}}, 400, "logit_bias.5", None),
+    ("min-tokens-over-budget", C, {**P, "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens", None),
+    ("legacy-functions", CHAT, {**M, "functions": [{"name": "f"}]}, 400, "functions", "unsupported_parameter"),
     (
         "response-format-uncompilable-schema",
         CHAT,

@@ -52,8 +52,11 @@ REFUSED = [
     (ChatCompletionRequest, {"messages": {"role": "user"}}, "messages", ["must be an array", "object"]),
     (ChatCompletionRequest, {**M, "logprobs": 1}, "logprobs", ["must be a boolean"]),
     (ChatCompletionRequest, {**M, "max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens", ["max_tokens"]),
-    (ChatCompletionRequest, {**M, "tool_choice": {"type": "function"}}, "tool_choice", ["not supported"]),
-    (ChatCompletionRequest, {**M, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", ["not supported"]),
+    (ChatCompletionRequest, {**M, "tool_choice": {"type": "function"}}, "tool_choice", ['must be "none"', '"function"']),
+    (ChatCompletionRequest, {**M, "tool_choice": "always"}, "tool_choice", ['"required"']),
+    (ChatCompletionRequest, {**M, "messages": [{"role": "tool", "content": "x"}]}, "messages[0]", ["'tool_call_id' is required"]),
+    (ChatCompletionRequest, {**M, "messages": [{"role": "function", "content": "x"}]}, "messages[0].role", ["not supported"]),
+    (ChatCompletionRequest, {**M, "logit_bias": {"x1": 1}}, "logit_bias", ["decimal strings", "x1"]),
 ]
 
 

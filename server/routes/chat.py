@@ -19,6 +19,7 @@ from server.renderers import ChatRenderer
 from server.responses import TokenText
 from server.routes.common import check_model, check_structured, read_request, server_state
 from server.schemas import ChatCompletionRequest
+from server.tool_calls import forced_calls
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -29,17 +30,22 @@ async def create_chat_completion(request: Request) -> Response:
     model = check_model(state, req.model)
     tokenizer = engine.tokenizer
 
+    tools = req.offered_tools
     prompt_ids = await asyncio.to_thread(
-        render_chat, tokenizer, req.template_messages(),
+        render_chat, tokenizer, req.template_messages(), tools=tools,
         special_tokens_in_content=state.settings.allow_special_tokens_in_content,
     )
     budget = resolve_max_tokens(
         len(prompt_ids), req.completion_budget, engine.max_model_len, prompt_param="messages", tokens_param=req.budget_param
     )
-    await check_structured(engine, req.structured_output, "response_format")
-    jobs = [Job(i, prompt_ids, req.to_sampling_params(budget, i), counts_prompt=i == 0) for i in range(req.n)]
+    req.check_engine_limits(engine.vocab_size, budget)
+    structured, param = req.structured_output, "response_format"
+    if req.forced_tools:  # "required" or a named function: decode under the call grammar
+        structured, param = forced_calls(tools, req.forced_tools, req.parallel_calls_allowed, tokenizer), "tool_choice"
+    await check_structured(engine, structured, param)
+    jobs = [Job(i, prompt_ids, req.to_sampling_params(budget, i, structured), counts_prompt=i == 0) for i in range(req.n)]
 
-    renderer = ChatRenderer(TokenText(tokenizer), req.num_logprobs is not None)
+    renderer = ChatRenderer(TokenText(tokenizer), req.num_logprobs is not None, {t["name"] for t in tools})
     return await generate(
         request, state, engine, jobs, renderer, endpoint="chat.completions", id_prefix="chatcmpl", model=model,
         stream=req.stream, include_usage=req.include_usage, arrival=arrival,

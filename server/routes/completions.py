@@ -37,6 +37,7 @@ async def create_completion(request: Request) -> Response:
         budget = resolve_max_tokens(
             len(ids), req.max_tokens, engine.max_model_len, prompt_param="prompt", tokens_param="max_tokens"
         )
+        req.check_engine_limits(engine.vocab_size, budget)
         for i in range(req.n):
             index = p * req.n + i
             jobs.append(Job(index, ids, req.to_sampling_params(budget, index), counts_prompt=i == 0))

@@ -1,0 +1,238 @@
+"""Tool calling: the Hermes/Qwen call format parsed from whole and streamed text, the grammar that
+forces calls, prompt rendering with and without template support, and the real server driven by
+the OpenAI SDK (tiny random models: calls are forced with tool_choice, since a random model does
+not call tools by itself)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import jsonschema
+import openai
+import pytest
+from server_helpers import ServerProcess
+
+from server.prompts import render_chat
+from server.tool_calls import ToolCallParser, call_grammar, has_marker_tokens, parse_tool_calls
+
+MODEL = "tiny"
+WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Tokyo", "Lima"]},
+           "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"city": {"enum": ["Paris", "Tokyo"]}, "utc": {"type": "boolean"}},
+        "required": ["city", "utc"], "additionalProperties": False}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "description": "Time in a city", "parameters": TIME}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris and the time in Tokyo?"}]
+TEXT = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time", "arguments": {"city": "Tokyo", "utc": false}}\n</tool_call>')
+
+
+# ------------------------------------------------------------------------------------------ parsing
+
+def test_calls_and_content_are_parsed_from_finished_text() -> None:
+    content, calls = parse_tool_calls(TEXT, set(SCHEMAS))
+    assert content == "Let me check."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {"city": "Tokyo", "utc": False})]
+    assert len({c.id for c in calls}) == 2 and all(c.id.startswith("call_") for c in calls)
+
+
+@pytest.mark.parametrize("bad", [
+    '<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call>',  # not a declared tool
+    '<tool_call>\n{"name": "get_time", "arguments": {"city": \n</tool_call>',  # not JSON
+    '<tool_call>\n["get_time"]\n</tool_call>',  # not an object
+    '<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}',  # never closed
+])
+def test_text_that_is_not_a_call_stays_content(bad: str) -> None:
+    content, calls = parse_tool_calls("Sure. " + bad, set(SCHEMAS))
+    assert calls == [] and content == "Sure. " + bad
+
+
+def test_streamed_text_gives_the_same_calls_and_content_wherever_it_is_split() -> None:
+    rng = random.Random(0)
+    text = TEXT + " Done <tool" + "_call"  # ends in something that only looks like an opening
+    whole_content, whole_calls = parse_tool_calls(text, set(SCHEMAS))
+    for _ in range(200):
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, 12)))
+        parser, content, calls = ToolCallParser(set(SCHEMAS)), "", []
+        for a, b in zip([0] + cuts, cuts + [len(text)]):
+            piece, new = parser.feed(text[a:b])
+            content += piece
+            calls += new
+        content += parser.finish()
+        assert content.strip() == whole_content
+        assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole_calls]
+
+
+# ------------------------------------------------------------------------------------------ grammar
+
+def _matcher(tokenizer, grammar: str):
+    import llguidance
+    import llguidance.hf
+
+    ll = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
+    compiled = llguidance.LLMatcher.grammar_from_lark(grammar)
+    assert llguidance.LLMatcher.validate_grammar(compiled, ll) == ""
+    return llguidance.LLMatcher(ll, compiled)
+
+
+def _accepts(tokenizer, grammar: str, text: str) -> bool:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return _matcher(tokenizer, grammar).validate_tokens(ids) == len(ids)
+
+
+CALL = '<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def smol_tok(smol_tokenizer_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smol_tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def marker_tok(smol_tokenizer_dir: Path):
+    """A tokenizer with <tool_call> and </tool_call> as single added tokens, as Qwen2.5's."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smol_tokenizer_dir)
+    tok.add_tokens(["<tool_call>", "</tool_call>"])
+    return tok
+
+
+@pytest.mark.parametrize("which", ["smol_tok", "marker_tok"])
+def test_the_call_grammar_accepts_exactly_valid_calls(which: str, request: pytest.FixtureRequest) -> None:
+    tok = request.getfixturevalue(which)
+    assert has_marker_tokens(tok) == (which == "marker_tok")
+    fns = [t["function"] for t in TOOLS]
+    one = call_grammar(fns, ["get_time"], parallel=False, special_markers=has_marker_tokens(tok))
+    anyof = call_grammar(fns, list(SCHEMAS), parallel=True, special_markers=has_marker_tokens(tok))
+    good_time = CALL.format(name="get_time", args='{"city": "Tokyo", "utc": true}')
+    good_weather = CALL.format(name="get_weather", args='{"city": "Lima", "unit": "celsius"}')
+    assert _accepts(tok, one, good_time)
+    assert not _accepts(tok, one, good_weather)  # the named function only
+    assert not _accepts(tok, one, good_time + "\n" + good_time)  # exactly one call
+    assert not _accepts(tok, one, CALL.format(name="get_time", args='{"city": "Tokyo"}')[:-12] + "}\n</tool_call>")
+    assert not _accepts(tok, one, CALL.format(name="get_time", args='{"city": "Oslo", "utc": true}'))
+    assert not _accepts(tok, one, CALL.format(name="get_time", args='{"city": "Tokyo", "utc": true, "x": 1}'))
+    assert _accepts(tok, anyof, good_weather + "\n" + good_time)
+    assert not _accepts(tok, anyof, "Sure! " + good_weather)
+
+
+# ------------------------------------------------------------------------------------------ prompts
+
+def test_a_template_without_tools_gets_the_fallback_prompt(smol_tok) -> None:
+    history = MESSAGES + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": {"city": "Tokyo", "utc": False}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "09:00"},
+    ]
+    text = smol_tok.decode(render_chat(smol_tok, history, tools=[t["function"] for t in TOOLS],
+                                       special_tokens_in_content=False))
+    assert '"name": "get_weather"' in text and "<tool_call>" in text  # tools and format, in a system turn
+    assert '{"name": "get_time", "arguments": {"city": "Tokyo", "utc": false}}' in text  # the past call
+    assert "<tool_response>\n09:00\n</tool_response>" in text  # the result
+
+
+def test_a_template_that_takes_tools_renders_them_itself(smol_tokenizer_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smol_tokenizer_dir)
+    tok.chat_template = ("{% for t in tools %}TOOL {{ t.function.name }}\n{% endfor %}"
+                         "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    text = tok.decode(render_chat(tok, MESSAGES, tools=[t["function"] for t in TOOLS], special_tokens_in_content=False))
+    assert text.startswith("TOOL get_weather\nTOOL get_time\nuser:")
+
+
+# ------------------------------------------------------------------------------------------ server
+
+@pytest.fixture(scope="module")
+def client(tiny_server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=tiny_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _valid(call) -> None:
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def _stream(client: openai.OpenAI, **kwargs) -> tuple[str, list[dict], str | None]:
+    content, calls, finish = "", {}, None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for t in delta.tool_calls or []:
+            entry = calls.setdefault(t.index, {"id": "", "name": "", "arguments": ""})
+            entry["id"] += t.id or ""
+            entry["name"] += t.function.name or ""
+            entry["arguments"] += t.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+def test_a_named_function_is_called_once_with_valid_arguments(client: openai.OpenAI) -> None:
+    kwargs = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=200, temperature=0.0,
+                  tool_choice={"type": "function", "function": {"name": "get_time"}})
+    out = client.chat.completions.create(**kwargs)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert [c.function.name for c in choice.message.tool_calls] == ["get_time"]
+    _valid(choice.message.tool_calls[0])
+    content, calls, finish = _stream(client, **kwargs)
+    assert finish == "tool_calls" and content == ""
+    assert [(c["name"], c["arguments"]) for c in calls] == [("get_time", choice.message.tool_calls[0].function.arguments)]
+
+
+def test_required_calls_validate_sampled_or_not_and_with_speculation_off(client: openai.OpenAI) -> None:
+    for seed in range(4):
+        kwargs = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+                      max_tokens=200, temperature=1.0, seed=seed)
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+        _valid(choice.message.tool_calls[0])
+    greedy = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=200, temperature=0.0)
+    spec = client.chat.completions.create(**greedy).choices[0].message
+    plain = client.chat.completions.create(**greedy, extra_body={"speculative": False}).choices[0].message
+    assert [(c.function.name, c.function.arguments) for c in spec.tool_calls or []] == \
+        [(c.function.name, c.function.arguments) for c in plain.tool_calls or []]
+    for call in spec.tool_calls or []:
+        _valid(call)
+
+
+def test_auto_answers_and_tool_results_go_back(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0.0)
+    assert out.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    history = MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"city": "Tokyo", "utc": true}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "09:00"},
+    ]
+    out = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=8, temperature=0.0)
+    assert out.choices[0].message.role == "assistant"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS + TOOLS[:1]}, "tools"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"messages": [{"role": "tool", "content": "09:00"}]}, "messages[0]"),
+    ({"messages": [{"role": "user", "content": "hi", "tool_call_id": "x"}]}, "messages[0]"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                                         "function": {"name": "f", "arguments": "[1]"}}]}]},
+     "messages[0].tool_calls[0].function.arguments"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strang"}}}], "tool_choice": "required"},
+     "tool_choice"),
+])
+def test_bad_tool_requests_are_400s_naming_the_field(client: openai.OpenAI, body: dict, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(**{"model": MODEL, "messages": MESSAGES, "max_tokens": 4, **body})
+    assert err.value.body["param"] == param, err.value.body  # type: ignore[index]
