@@ -8,12 +8,14 @@ clients send every field, nulls included).
 
 Fields this server does not know are ignored (``extra="allow"``; the route logs their names), as
 OpenAI and vLLM do, so a client written for a newer API still works. Known OpenAI fields whose
-feature is not implemented (tools, ``logit_bias``, ``suffix``, non-text content, ...) are refused
-by name instead: ignoring them would silently change what the client gets.
+feature is not implemented (``suffix``, ``best_of`` other than ``n``, non-text content, the
+deprecated ``functions``) are refused by name instead: ignoring them would silently change what
+the client gets.
 
 Extensions (documented in ``specdec serve --help``): ``top_k`` (0 or -1 = off),
 ``num_speculative_tokens`` (int >= 0: caps k for this request, 0 = no speculation),
-``speculative`` (``false`` = no speculation), ``ignore_eos``, ``stop_token_ids``.
+``speculative`` (``false`` = no speculation), ``ignore_eos``, ``stop_token_ids``, ``min_tokens``,
+and ``response_format`` on completions too.
 """
 
 from __future__ import annotations
