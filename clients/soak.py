@@ -245,6 +245,7 @@ def scrape(url: str, headers: dict[str, str]) -> dict[str, float]:
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
+            out.setdefault(name.split("{", 1)[0], float(value))  # also by bare name (model_name label)
     return out
 
 

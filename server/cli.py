@@ -80,11 +80,42 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_serve_arguments(serve)
+    serve_ray = sub.add_parser(
+        "serve-ray",
+        help="serve replicas of the same server behind Ray Serve (needs the 'ray' extra)",
+        description="The server of 'specdec serve' as a Ray Serve deployment: one replica per device "
+        "(a GPU each where there are GPUs, a share of the CPU cores otherwise) behind Ray Serve's HTTP "
+        "proxy at --host:--port, fixed (--num-replicas) or autoscaled on ongoing requests "
+        "(--min-replicas/--max-replicas). Takes every 'serve' flag; each replica gets them.",
+        epilog=serve.epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_serve_arguments(serve_ray)
+    ray = serve_ray.add_argument_group("ray")
+    ray.add_argument("--num-replicas", type=_positive_int, default=None,
+                     help="a fixed number of replicas (default: autoscale between --min-replicas and --max-replicas)")
+    ray.add_argument("--min-replicas", type=_positive_int, default=1, help="autoscaling lower bound (default 1)")
+    ray.add_argument("--max-replicas", type=_positive_int, default=1, help="autoscaling upper bound (default 1)")
+    ray.add_argument("--target-ongoing-requests", type=float, default=None,
+                     help="autoscaling target per replica (default: --max-num-seqs, a full batch)")
+    ray.add_argument("--cpus-per-replica", type=float, default=None,
+                     help="CPU cores (and torch threads) per replica (default: cores / replicas, 1 with GPUs)")
+    ray.add_argument("--gpus-per-replica", type=float, default=None, help="default: 1 where CUDA is available, else 0")
+    ray.add_argument("--ray-address", default=None,
+                     help="a running Ray cluster to join ('auto' on a cluster node); default: start one here")
     # Advertise each flag's variable in --help.
-    for action in serve._actions:
-        if action.dest not in ("help",) and action.option_strings:
-            action.help = f"{action.help} [env: {env_name(action.dest)}]"
+    for command in (serve, serve_ray):
+        for action in command._actions:
+            if action.dest not in ("help",) and action.option_strings:
+                action.help = f"{action.help} [env: {env_name(action.dest)}]"
     return parser
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return value
 
 
 def _empty_is_value() -> set[str]:
@@ -118,23 +149,24 @@ def _apply_env_defaults(sub: argparse.ArgumentParser, env: Mapping[str, str]) ->
 
 
 def parse_serve_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> argparse.Namespace:
-    """Parse ``serve`` arguments with environment defaults (exits with usage errors like argparse)."""
+    """Parse ``serve`` / ``serve-ray`` arguments with environment defaults (exits with usage errors
+    like argparse)."""
     parser = build_parser()
     env = os.environ if env is None else env
-    sub = _serve_subparser(parser)
-    _apply_env_defaults(sub, env)
+    for name in ("serve", "serve-ray"):
+        _apply_env_defaults(_subparser(parser, name), env)
     args = parser.parse_args(list(argv))
-    if args.command != "serve":
+    if args.command not in ("serve", "serve-ray"):
         parser.print_help(sys.stderr)
         parser.exit(2)
     return args
 
 
-def _serve_subparser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return action.choices["serve"]
-    raise AssertionError("serve subcommand missing")
+            return action.choices[name]
+    raise AssertionError(f"{name} subcommand missing")
 
 
 def settings_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ServerSettings:
@@ -164,6 +196,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point (``specdec``). Returns the process exit status."""
     args = parse_serve_args(sys.argv[1:] if argv is None else argv)
     settings = settings_from_args(args)
+    if args.command == "serve-ray":
+        try:
+            from server.ray_serve import RayScaling, serve_ray
+            import ray  # noqa: F401 - only to say clearly what is missing
+        except ImportError:
+            raise SystemExit("specdec serve-ray: error: Ray Serve is not installed; pip install 'specdec[ray]'") from None
+        if args.min_replicas > args.max_replicas:
+            raise SystemExit("specdec serve-ray: error: --min-replicas is more than --max-replicas")
+        scaling = RayScaling(args.num_replicas, args.min_replicas, args.max_replicas, args.target_ongoing_requests,
+                             args.cpus_per_replica, args.gpus_per_replica, args.ray_address)
+        return serve_ray(settings, scaling)
     from server.runner import serve
 
     return serve(settings)

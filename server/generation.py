@@ -164,6 +164,7 @@ class Generation:
             choice.stats = out.stats
             metrics.finished.labels(finish_reason=choice.finish_reason).inc()
             metrics.e2e.observe(now - self.arrival)
+            metrics.observe_request(self.state.served_model_name, out.stats)
             if choice.finish_reason == "error":
                 log.error("request failed in the engine", request_id=self.request_id, choice=choice.index, error=out.error)
 

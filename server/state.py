@@ -40,7 +40,7 @@ class ServerState:
         self.load_error: str | None = None
         # ``created`` of the model card: when this server started serving it.
         self.created = int(time.time())
-        self.metrics = ServerMetrics(lambda: self.engine)
+        self.metrics = ServerMetrics(lambda: self.engine, lambda: self.served_model_name)
         self.in_flight: set[Abortable] = set()
         # Mean end-to-end latency of recent requests (EWMA), for Retry-After estimates.
         self._mean_latency_s = 1.0

@@ -31,6 +31,8 @@ class RequestStats:
     verify_steps: int = 0
     accepted_histogram: list[int] = field(default_factory=list)
     arrival_time: float = 0.0
+    # When the scheduler first admitted it to the running batch: queue time ends, prefill begins.
+    scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
 

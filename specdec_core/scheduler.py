@@ -13,6 +13,8 @@ the batch.
 
 from __future__ import annotations
 
+import time
+
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
@@ -67,6 +69,7 @@ class Scheduler:
             req = self.waiting.popleft()
             req.slot = self.slots.allocate()
             req.status = Status.RUNNING
+            req.stats.scheduled_time = time.monotonic()
             self.running.append(req)
         step = ScheduledStep()
         # Decoding requests first (1 token each, plus drafts the policy adds), then whole prompt

@@ -48,9 +48,13 @@ def parse_sse(raw: str) -> list[str]:
 
 
 def metric_value(text: str, name: str) -> float | None:
-    """A sample's value from Prometheus text; ``name`` as printed, labels included if any."""
+    """A sample's value from Prometheus text; ``name`` as printed with its labels, or without any
+    labels to take the first sample of that name whatever its labels (``model_name``)."""
     for line in text.splitlines():
-        if not line.startswith("#") and line.rsplit(" ", 1)[0] == name:
+        if line.startswith("#") or not line.strip():
+            continue
+        sample = line.rsplit(" ", 1)[0]
+        if sample == name or ("{" not in name and sample.split("{", 1)[0] == name):
             return float(line.rsplit(" ", 1)[1])
     return None
 
@@ -65,12 +69,13 @@ class ServerProcess:
     the test writes commands to (``send``)."""
 
     def __init__(
-        self, args: list[str], log_path: Path, env: dict[str, str] | None = None, entry: list[str] | None = None
+        self, args: list[str], log_path: Path, env: dict[str, str] | None = None, entry: list[str] | None = None,
+        command: str = "serve",
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        cmd = [sys.executable, *(entry or ["-m", "server"]), "serve", "--host", "127.0.0.1", "--port", str(self.port), *args]
+        cmd = [sys.executable, *(entry or ["-m", "server"]), command, "--host", "127.0.0.1", "--port", str(self.port), *args]
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(

@@ -253,7 +253,10 @@ def test_metrics_exported(http: httpx.Client) -> None:
         "specdec_spec_decode_num_draft_tokens_total",
         "specdec_spec_decode_num_accepted_tokens_total",
         "specdec_spec_decode_acceptance_rate",
-        'specdec_spec_decode_accepted_length_bucket{le="+Inf"}',
+        'specdec_spec_decode_accepted_length_bucket{model_name="tiny",le="+Inf"}',
+        'specdec_num_requests_waiting{model_name="tiny"}',
+        'specdec_request_queue_time_seconds_count{model_name="tiny"}',
+        'specdec_request_prefill_time_seconds_count{model_name="tiny"}',
         "specdec_time_to_first_token_seconds_count",
         "specdec_inter_token_latency_seconds_count",
         "specdec_e2e_request_latency_seconds_count",
@@ -266,6 +269,8 @@ def test_metrics_exported(http: httpx.Client) -> None:
     assert metric_value(text, "specdec_inter_token_latency_seconds_count") >= 1
     assert 0.0 <= metric_value(text, "specdec_kv_cache_usage_perc") <= 1.0
     assert metric_value(text, "specdec_engine_healthy") == 1.0
+    assert metric_value(text, "specdec_request_prefill_time_seconds_count") >= 1
+    assert metric_value(text, "specdec_request_queue_time_seconds_count") >= 1
 
 
 def test_logit_bias_and_min_tokens_are_honoured(client: openai.OpenAI) -> None:

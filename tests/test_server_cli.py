@@ -101,10 +101,10 @@ def test_api_key_is_not_in_settings_repr() -> None:
 
 def test_every_engine_config_field_is_a_flag_with_a_variable() -> None:
     """The flags are generated from EngineConfig: a new field cannot be forgotten on the CLI."""
-    from server.cli import _serve_subparser, build_parser
+    from server.cli import _subparser, build_parser
     from specdec_core.config import EngineConfig
 
-    help_text = _serve_subparser(build_parser()).format_help()
+    help_text = _subparser(build_parser(), "serve").format_help()
     for f in dataclasses.fields(EngineConfig):
         assert "help" in f.metadata, f"EngineConfig.{f.name} has no --help text"
         flag, env = "--" + f.name.replace("_", "-"), "SPECDEC_" + f.name.upper()
