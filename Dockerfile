@@ -59,7 +59,9 @@ COPY pyproject.toml README.md ./
 COPY specdec_core ./specdec_core
 COPY server ./server
 # torch is already satisfied above, so this installs only the remaining dependencies and specdec.
-RUN pip install "torch==${TORCH_VERSION}" .
+# EXTRAS=ray adds Ray Serve, for `specdec serve-ray` (override the entrypoint with it).
+ARG EXTRAS=""
+RUN pip install "torch==${TORCH_VERSION}" ".${EXTRAS:+[$EXTRAS]}"
 
 # A fixed numeric uid/gid (10001: free on Debian and Ubuntu bases alike) for volume permissions.
 RUN groupadd --gid 10001 specdec \

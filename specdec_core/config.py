@@ -9,11 +9,14 @@ from typing import Literal
 SpeculativeMethod = Literal["auto", "draft", "ngram", "none"]
 
 
+CACHE_DIR_ENV = "SPECDEC_CACHE_DIR"
+
+
 def default_cache_dir() -> Path:
     """Where converted GGUF weights and the assembled default pair live (overridable by env)."""
     import os
 
-    root = os.environ.get("SPECDEC_CACHE_DIR") or os.path.join(
+    root = os.environ.get(CACHE_DIR_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "specdec"
     )
     return Path(root)
