@@ -253,7 +253,7 @@ def test_metrics_exported(http: httpx.Client) -> None:
         "specdec_spec_decode_num_draft_tokens_total",
         "specdec_spec_decode_num_accepted_tokens_total",
         "specdec_spec_decode_acceptance_rate",
-        'specdec_spec_decode_accepted_length_bucket{model_name="tiny",le="+Inf"}',
+        'specdec_spec_decode_accepted_length_bucket{le="+Inf",model_name="tiny"}',
         'specdec_num_requests_waiting{model_name="tiny"}',
         'specdec_request_queue_time_seconds_count{model_name="tiny"}',
         'specdec_request_prefill_time_seconds_count{model_name="tiny"}',
