@@ -115,11 +115,11 @@ class ToolCallParser:
         return kept, calls
 
     def finish(self) -> str:
-        """What is left when the output ends: held-back or unclosed text is content (whitespace
-        only when no call was made)."""
+        """What is left when the output ends: held-back or unclosed text is content (without the
+        whitespace around it once a call was made, as in ``parse_tool_calls``)."""
         rest = self._whitespace + self._buffer
         self._buffer, self._whitespace, self._in_call = "", "", False
-        return "" if self.num_calls and not rest.strip() else rest
+        return rest.strip() if self.num_calls else rest
 
 
 def _partial_suffix(text: str, marker: str) -> int:
