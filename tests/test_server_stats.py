@@ -34,5 +34,6 @@ def test_speculative_object_reads_the_engine_stats() -> None:
 def test_prometheus_rate_matches_engine_metrics() -> None:
     m = EngineMetrics(total_draft_tokens=40, total_accepted_tokens=30, accepted_histogram=[1, 2])
     engine = SimpleNamespace(is_healthy=True, metrics=lambda: m)
-    families = {f.name: f for f in EngineCollector(lambda: engine).collect()}
-    assert families["specdec_spec_decode_acceptance_rate"].samples[0].value == m.acceptance_rate == 0.75
+    families = {f.name: f for f in EngineCollector(lambda: engine, lambda: "m").collect()}
+    sample = families["specdec_spec_decode_acceptance_rate"].samples[0]
+    assert sample.value == m.acceptance_rate == 0.75 and sample.labels == {"model_name": "m"}
