@@ -134,8 +134,12 @@ class ChatRenderer:
         if not self.tools:
             return chat_chunk_choice(index, {}, finish_reason)
         parser = self._parser(index)
-        rest = parser.finish()  # held back or unclosed: it was content after all
-        return chat_chunk_choice(index, {"content": rest} if rest else {}, _finish_reason(finish_reason, parser.num_calls))
+        first = parser.num_calls
+        rest, calls = parser.finish()  # a held-back bare call, or content after all
+        delta: dict[str, Any] = {"content": rest} if rest else {}
+        if calls:
+            delta["tool_calls"] = [call.to_openai(first + i) for i, call in enumerate(calls)]
+        return chat_chunk_choice(index, delta, _finish_reason(finish_reason, parser.num_calls))
 
     def choice(self, choice: Choice) -> dict[str, Any]:
         logprobs = chat_logprobs(self.token_text, choice.logprobs) if self.logprobs else None

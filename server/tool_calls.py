@@ -18,6 +18,7 @@ call of a declared tool stays content: a tool-call format error is never a 500.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +62,8 @@ def parse_tool_calls(text: str, tools: set[str]) -> tuple[str | None, list[ToolC
     """Content and calls of a finished output (content is None when only calls were made)."""
     parser = ToolCallParser(tools)
     content, calls = parser.feed(text)
-    content += parser.finish()
+    rest, more = parser.finish()
+    content, calls = content + rest, calls + more
     if calls:
         return content.strip() or None, calls
     return content, []
@@ -74,6 +76,11 @@ class ToolCallParser:
     trailing whitespace (the newlines around calls are not content). A call is sent once its block
     is closed and parses; a block that does not parse, or is still open when the output ends, is
     sent as the plain content it is.
+
+    Some models asked for the tagged format answer with the bare call instead, as a JSON object
+    or a fenced ``json`` block and nothing else (Qwen2.5-Coder-1.5B does, with ``tool_choice``
+    ``"auto"``). An output that starts like that is held back until it ends: if all of it is one
+    call of a declared tool it is that call, otherwise it is sent as content then.
     """
 
     def __init__(self, tools: set[str]) -> None:
@@ -81,9 +88,15 @@ class ToolCallParser:
         self._buffer = ""
         self._whitespace = ""  # held back until content follows it
         self._in_call = False
+        self._bare: str | None = ""  # the output so far while it may be a bare call; None once not
         self.num_calls = 0
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
+        if self._bare is not None:
+            self._bare += text
+            if _may_be_bare_call(self._bare):
+                return "", []
+            text, self._bare = self._bare, None
         self._buffer += text
         content, calls = "", []
         while True:
@@ -114,12 +127,34 @@ class ToolCallParser:
         self._whitespace = content[len(kept):]
         return kept, calls
 
-    def finish(self) -> str:
-        """What is left when the output ends: held-back or unclosed text is content (without the
-        whitespace around it once a call was made, as in ``parse_tool_calls``)."""
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """What is left when the output ends: a held-back bare call, or content (held-back or
+        unclosed text; without the whitespace around it once a call was made, as in
+        ``parse_tool_calls``)."""
+        if self._bare is not None:
+            bare, self._bare = self._bare, None
+            match = BARE_CALL.fullmatch(bare)
+            call = parse_call(match.group(1), self.tools) if match else None
+            if call is not None:
+                self.num_calls += 1
+                return "", [call]
+            content, calls = self.feed(bare)
+            rest, more = self.finish()
+            return content + rest, calls + more
         rest = self._whitespace + self._buffer
         self._buffer, self._whitespace, self._in_call = "", "", False
-        return rest.strip() if self.num_calls else rest
+        return (rest.strip() if self.num_calls else rest), []
+
+
+# A whole output that is one JSON object, bare or in a fenced ``json`` block.
+BARE_CALL = re.compile(r"\s*(?:```(?:json)?\s*)?(\{.*\})\s*(?:```)?\s*", re.DOTALL)
+FENCE = "```json"
+
+
+def _may_be_bare_call(text: str) -> bool:
+    """Whether an output that begins with ``text`` could still be a bare call."""
+    head = text.lstrip()
+    return not head or head.startswith("{") or head.startswith(FENCE) or FENCE.startswith(head)
 
 
 def _partial_suffix(text: str, marker: str) -> int:

@@ -64,9 +64,32 @@ def test_streamed_text_gives_the_same_calls_and_content_wherever_it_is_split() -
             piece, new = parser.feed(text[a:b])
             content += piece
             calls += new
-        content += parser.finish()
+        rest, more = parser.finish()
+        content, calls = content + rest, calls + more
         assert content.strip() == whole_content
         assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole_calls]
+
+
+@pytest.mark.parametrize("text", [
+    '```json\n{\n  "name": "get_time",\n  "arguments": {"city": "Tokyo", "utc": true}\n}\n```',
+    '{"name": "get_time", "arguments": {"city": "Tokyo", "utc": true}}',
+])
+def test_a_whole_answer_that_is_one_bare_call_is_that_call(text: str) -> None:
+    """Qwen2.5-Coder-1.5B answers tool_choice auto with a fenced JSON call instead of tags."""
+    for pieces in ([text], list(text)):  # whole, and streamed a character at a time
+        parser, content, calls = ToolCallParser(set(SCHEMAS)), "", []
+        for piece in pieces:
+            c, new = parser.feed(piece)
+            content, calls = content + c, calls + new
+        rest, more = parser.finish()
+        assert content + rest == "" and [(c.name, json.loads(c.arguments)) for c in calls + more] == [
+            ("get_time", {"city": "Tokyo", "utc": True})]
+
+
+@pytest.mark.parametrize("text", ['```json\n{"city": "Tokyo"}\n```', '{"name": "launch", "arguments": {}}',
+                                  '{"name": "get_time", "arguments": {}} and more', "```python\nprint(1)\n```"])
+def test_json_that_is_not_exactly_one_call_stays_content(text: str) -> None:
+    assert parse_tool_calls(text, set(SCHEMAS)) == (text, [])
 
 
 # ------------------------------------------------------------------------------------------ grammar
@@ -216,6 +239,22 @@ def test_auto_answers_and_tool_results_go_back(client: openai.OpenAI) -> None:
     ]
     out = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=8, temperature=0.0)
     assert out.choices[0].message.role == "assistant"
+
+
+def test_a_bare_json_call_from_the_model_becomes_a_tool_call(client: openai.OpenAI) -> None:
+    """End to end through the real server: a JSON-schema response format makes the tiny model
+    write exactly a bare call object, which the auto parser turns into message.tool_calls."""
+    call_schema = {"type": "object", "properties": {"name": {"const": "get_time"}, "arguments": TIME},
+                   "required": ["name", "arguments"], "additionalProperties": False}
+    kwargs = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="auto", max_tokens=200, temperature=0.0,
+                  response_format={"type": "json_schema", "json_schema": {"name": "call", "schema": call_schema}})
+    choice = client.chat.completions.create(**kwargs).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert [c.function.name for c in choice.message.tool_calls] == ["get_time"]
+    _valid(choice.message.tool_calls[0])
+    content, calls, finish = _stream(client, **kwargs)
+    assert (content, finish) == ("", "tool_calls")
+    assert [(c["name"], c["arguments"]) for c in calls] == [("get_time", choice.message.tool_calls[0].function.arguments)]
 
 
 @pytest.mark.parametrize("body, param", [
