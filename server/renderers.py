@@ -89,7 +89,7 @@ class CompletionRenderer:
 
 
 def chat_chunk_choice(
-    index: int, delta: dict[str, str], finish_reason: str | None = None, logprobs: dict | None = None
+    index: int, delta: dict[str, str | None], finish_reason: str | None = None, logprobs: dict | None = None
 ) -> dict[str, Any]:
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
@@ -102,19 +102,23 @@ class ChatRenderer:
     With ``tools`` (the declared function names), tool calls are parsed out of the text
     (``server.tool_calls``): content streams as it arrives, each call is sent as a
     ``delta.tool_calls`` entry once its block is complete, and a choice that called a tool ends
-    with ``finish_reason: "tool_calls"``.
+    with ``finish_reason: "tool_calls"``. ``max_calls`` is 1 under ``parallel_tool_calls: false``.
+    With tools the opening ``content`` is null, so a stream that only calls tools assembles into
+    the message a non-streamed answer gives (``content: null``), as with OpenAI.
     """
 
     token_text: TokenText
     logprobs: bool
     tools: set[str] = field(default_factory=set)
+    max_calls: int | None = None
     _parsers: dict[int, ToolCallParser] = field(default_factory=dict, init=False, repr=False)
 
     def object_name(self, *, chunk: bool) -> str:
         return "chat.completion.chunk" if chunk else "chat.completion"
 
     def opening(self, indices: Sequence[int]) -> list[list[dict[str, Any]]]:
-        return [[chat_chunk_choice(index, {"role": "assistant", "content": ""}) for index in indices]]
+        content = None if self.tools else ""
+        return [[chat_chunk_choice(index, {"role": "assistant", "content": content}) for index in indices]]
 
     def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
         piece = chat_logprobs(self.token_text, logprobs) if self.logprobs and logprobs else None
@@ -147,7 +151,7 @@ class ChatRenderer:
         message: dict[str, Any] = {"role": "assistant", "content": text}
         calls = []
         if self.tools:
-            message["content"], calls = parse_tool_calls(text, self.tools)
+            message["content"], calls = parse_tool_calls(text, self.tools, self.max_calls)
             if calls:
                 message["tool_calls"] = [call.to_openai() for call in calls]
         return {
@@ -159,7 +163,7 @@ class ChatRenderer:
 
     def _parser(self, index: int) -> ToolCallParser:
         if index not in self._parsers:
-            self._parsers[index] = ToolCallParser(self.tools)
+            self._parsers[index] = ToolCallParser(self.tools, self.max_calls)
         return self._parsers[index]
 
 

@@ -24,7 +24,8 @@ import json
 import re
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationInfo, field_validator, model_validator
+import jsonschema
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from specdec_core.sampling_params import SamplingParams
@@ -389,12 +390,45 @@ def _text_as_parts(value: Any) -> Any:
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
 
+MAX_PARAMETERS_DEPTH = 64
+
+
+def _nesting_depth(value: Any) -> int:
+    """How deeply objects and arrays nest in ``value``, counted without recursion (a body may nest
+    a thousand levels; the meta-schema check below recurses several frames per level)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            todo.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _parameters_schema(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A function's ``parameters`` must be a JSON schema (checked against its draft's meta-schema,
+    2020-12 unless ``$schema`` says otherwise) of an object, as OpenAI requires: a bad one is a 400
+    naming it rather than a prompt the model cannot follow or a grammar that fails later."""
+    if value is None:
+        return value
+    if _nesting_depth(value) > MAX_PARAMETERS_DEPTH:
+        raise invalid("nests deeper than {limit} levels.", limit=MAX_PARAMETERS_DEPTH)
+    validator = jsonschema.validators.validator_for(value, default=jsonschema.Draft202012Validator)
+    try:
+        validator.check_schema(value)
+    except jsonschema.SchemaError as err:
+        raise invalid("is not a valid JSON schema: {reason}", reason=err.message) from None
+    if value.get("type", "object") != "object":
+        raise invalid('must be the JSON schema of an object ("type": "object").')
+    return value
+
+
 class FunctionDefinition(Schema):
     """A tool the model may call: its name, what it does, and a JSON schema of its arguments."""
 
     name: FunctionName
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: Annotated[dict[str, Any] | None, AfterValidator(_parameters_schema)] = None
     strict: bool | None = None  # accepted; calls forced by tool_choice always match the schema
 
 
@@ -623,6 +657,11 @@ class ChatCompletionRequest(GenerationRequest):
         """Several calls in one answer: with ``required`` and ``parallel_tool_calls`` (a named
         function is called exactly once)."""
         return self.tool_choice == "required" and self.parallel_tool_calls
+
+    @property
+    def max_tool_calls(self) -> int | None:
+        """Calls one answer may make: 1 under ``parallel_tool_calls: false``, whatever the mode."""
+        return None if self.parallel_tool_calls else 1
 
     @property
     def forced_tools(self) -> list[str]:

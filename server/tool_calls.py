@@ -58,9 +58,9 @@ def parse_call(body: str, tools: set[str]) -> ToolCall | None:
     return ToolCall(obj["name"], json.dumps(arguments, ensure_ascii=False))
 
 
-def parse_tool_calls(text: str, tools: set[str]) -> tuple[str | None, list[ToolCall]]:
+def parse_tool_calls(text: str, tools: set[str], max_calls: int | None = None) -> tuple[str | None, list[ToolCall]]:
     """Content and calls of a finished output (content is None when only calls were made)."""
-    parser = ToolCallParser(tools)
+    parser = ToolCallParser(tools, max_calls)
     content, calls = parser.feed(text)
     rest, more = parser.finish()
     content, calls = content + rest, calls + more
@@ -81,10 +81,14 @@ class ToolCallParser:
     or a fenced ``json`` block and nothing else (Qwen2.5-Coder-1.5B does, with ``tool_choice``
     ``"auto"``). An output that starts like that is held back until it ends: if all of it is one
     call of a declared tool it is that call, otherwise it is sent as content then.
+
+    ``max_calls`` (1 under ``parallel_tool_calls: false``): calls after that many are dropped, as
+    vLLM does; a grammar cannot enforce it under ``"auto"``, where the model is free.
     """
 
-    def __init__(self, tools: set[str]) -> None:
+    def __init__(self, tools: set[str], max_calls: int | None = None) -> None:
         self.tools = tools
+        self.max_calls = max_calls
         self._buffer = ""
         self._whitespace = ""  # held back until content follows it
         self._in_call = False
@@ -119,7 +123,7 @@ class ToolCallParser:
             call = parse_call(block[len(OPEN): -len(CLOSE)], self.tools)
             if call is None:
                 content += block
-            else:
+            elif self.max_calls is None or self.num_calls + len(calls) < self.max_calls:
                 calls.append(call)
         self.num_calls += len(calls)
         content = self._whitespace + content

@@ -27,6 +27,9 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_time", "description": "Time in a city", "parameters": TIME}},
 ]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+DEEP: dict = {"type": "object"}
+for _ in range(40):  # a valid schema nested beyond the depth cap (80 levels): a 400, never a RecursionError
+    DEEP = {"type": "object", "properties": {"a": DEEP}}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris and the time in Tokyo?"}]
 TEXT = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
         '<tool_call>\n{"name": "get_time", "arguments": {"city": "Tokyo", "utc": false}}\n</tool_call>')
@@ -90,6 +93,33 @@ def test_a_whole_answer_that_is_one_bare_call_is_that_call(text: str) -> None:
                                   '{"name": "get_time", "arguments": {}} and more', "```python\nprint(1)\n```"])
 def test_json_that_is_not_exactly_one_call_stays_content(text: str) -> None:
     assert parse_tool_calls(text, set(SCHEMAS)) == (text, [])
+
+
+def test_without_parallel_calls_only_the_first_call_is_kept_whole_or_streamed() -> None:
+    """parallel_tool_calls: false under "auto", where no grammar holds the model to one call."""
+    content, calls = parse_tool_calls(TEXT, set(SCHEMAS), max_calls=1)
+    assert content == "Let me check." and [c.name for c in calls] == ["get_weather"]
+    parser = ToolCallParser(set(SCHEMAS), max_calls=1)
+    streamed = [parser.feed(ch) for ch in TEXT] + [parser.finish()]
+    assert "".join(c for c, _ in streamed).strip() == "Let me check."
+    assert [c.name for _, new in streamed for c in new] == ["get_weather"] and parser.num_calls == 1
+
+
+def test_the_chat_renderer_keeps_one_call_and_opens_tool_streams_with_null_content(smol_tok) -> None:
+    from server.generation import Choice
+    from server.renderers import ChatRenderer
+    from server.responses import TokenText
+
+    renderer = ChatRenderer(TokenText(smol_tok), False, set(SCHEMAS), max_calls=1)
+    assert renderer.opening([0]) == [[{"index": 0, "delta": {"role": "assistant", "content": None},
+                                       "logprobs": None, "finish_reason": None}]]
+    assert ChatRenderer(TokenText(smol_tok), False).opening([0])[0][0]["delta"]["content"] == ""
+    choice = renderer.choice(Choice(index=0, prompt_tokens=1, counts_prompt=True, text=[TEXT], finish_reason="stop"))
+    assert choice["finish_reason"] == "tool_calls"
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather"]
+    deltas = [renderer.delta(0, ch, None) for ch in TEXT] + [renderer.finish(0, "stop")]
+    sent = [t for d in deltas if d for t in d["delta"].get("tool_calls", [])]
+    assert [(t["index"], t["function"]["name"]) for t in sent] == [(0, "get_weather")]
 
 
 # ------------------------------------------------------------------------------------------ grammar
@@ -213,6 +243,22 @@ def test_a_named_function_is_called_once_with_valid_arguments(client: openai.Ope
     assert [(c["name"], c["arguments"]) for c in calls] == [("get_time", choice.message.tool_calls[0].function.arguments)]
 
 
+def test_the_sdks_stream_helper_assembles_the_same_message(client: openai.OpenAI) -> None:
+    """The SDK's own delta accumulation (strict tools, as its helpers require) ends with the
+    non-streamed message: content null, the same call, arguments parsed."""
+    strict = [{"type": t["type"], "function": {**t["function"], "strict": True}} for t in TOOLS]
+    kwargs = dict(model=MODEL, messages=MESSAGES, tools=strict, max_tokens=200, temperature=0.0,
+                  tool_choice={"type": "function", "function": {"name": "get_time"}})
+    whole = client.chat.completions.create(**kwargs).choices[0].message
+    with client.chat.completions.stream(**kwargs) as stream:
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls" and final.message.content is None
+    call = final.message.tool_calls[0]
+    assert (call.function.name, call.function.arguments) == (whole.tool_calls[0].function.name,
+                                                             whole.tool_calls[0].function.arguments)
+    assert call.function.parsed_arguments == json.loads(call.function.arguments)
+
+
 def test_required_calls_validate_sampled_or_not_and_with_speculation_off(client: openai.OpenAI) -> None:
     for seed in range(4):
         kwargs = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
@@ -268,8 +314,16 @@ def test_a_bare_json_call_from_the_model_becomes_a_tool_call(client: openai.Open
     ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
                                                          "function": {"name": "f", "arguments": "[1]"}}]}]},
      "messages[0].tool_calls[0].function.arguments"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strang"}}}], "tool_choice": "required"},
-     "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strang"}}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [TOOLS[0], {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+     "tools[1].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "string", "minLength": -1}}}}}]}, "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": DEEP}}]}, "tools[0].function.parameters"),
+    # a valid schema the grammar engine cannot compile (look-ahead): refused when a call is forced
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "(?=a)b"}}}}}], "tool_choice": "required"}, "tool_choice"),
 ])
 def test_bad_tool_requests_are_400s_naming_the_field(client: openai.OpenAI, body: dict, param: str) -> None:
     with pytest.raises(openai.BadRequestError) as err:

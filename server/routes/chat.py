@@ -45,7 +45,7 @@ async def create_chat_completion(request: Request) -> Response:
     await check_structured(engine, structured, param)
     jobs = [Job(i, prompt_ids, req.to_sampling_params(budget, i, structured), counts_prompt=i == 0) for i in range(req.n)]
 
-    renderer = ChatRenderer(TokenText(tokenizer), req.num_logprobs is not None, {t["name"] for t in tools})
+    renderer = ChatRenderer(TokenText(tokenizer), req.num_logprobs is not None, {t["name"] for t in tools}, req.max_tool_calls)
     return await generate(
         request, state, engine, jobs, renderer, endpoint="chat.completions", id_prefix="chatcmpl", model=model,
         stream=req.stream, include_usage=req.include_usage, arrival=arrival,
