@@ -16,6 +16,7 @@ import pytest
 import torch
 from conftest import load
 
+from specdec_core.linear_kernels import prepare_linear
 from specdec_core.model_runner import ForwardItem, ModelRunner
 
 MODES = ["none", "int8"]
@@ -113,6 +114,25 @@ def test_native_fp32_matches_transformers_forward(models, arch):
         ref = loaded.model(ids).logits[0].float()
     got = run.forward([ForwardItem(3, 0, ids[0].tolist(), 29)])
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0, 0.0])
+def test_int8_kernel_computes_exactly_the_quantized_product(sign):
+    """The int8 GEMM is exact integer arithmetic: what the quantized activations times the
+    quantized weights give, even at full range. On a CPU without VNNI, fbgemm adds pairs of
+    uint8 x int8 products in saturating int16; with 8-bit weights this input (every activation
+    at the top of its range, every weight at the top of its range, same signs) came out wrong."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.ones(48, 256) if sign else torch.randn(48, 256, generator=gen)
+    weight = weight * (sign or 1.0)
+    rows = torch.cat([torch.ones(2, 256), -torch.ones(1, 256), torch.randn(5, 256, generator=gen) * 3])
+    layer = prepare_linear(weight, None, "int8")
+    got = layer(rows).double()
+    qweight = torch.ops.quantized.linear_unpack(layer.packed)[0].dequantize().double()
+    scale = rows.abs().amax(dim=1, keepdim=True).double()
+    qrows = torch.round(rows.double() / scale * 127).clamp(-127, 127)
+    want = (qrows @ qweight.T) * scale / 127
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
