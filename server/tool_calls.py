@@ -186,8 +186,11 @@ def call_grammar(tools: list[dict[str, Any]], names: list[str], parallel: bool, 
     schema = {**schema, "x-guidance": {"whitespace_pattern": r"[ \t\n]{0,32}"}}
     open_, close = (OPEN, CLOSE) if special_markers else (json.dumps(OPEN), json.dumps(CLOSE))
     call = f'call: {open_} "\\n" %json{json.dumps(schema)} "\\n" {close}'
-    start = 'start: call ("\\n" call)*' if parallel else "start: call"
-    return f"{start}\n{call}\n"
+    # A newline may end the answer too: Qwen2.5 writes one after every </tool_call> and only then
+    # decides whether another call follows. Without it, a newline chosen before the end forced a
+    # further call, and "required" calls went on until max_tokens.
+    calls = 'call ("\\n" call)*' if parallel else "call"
+    return f'start: {calls} "\\n"?\n{call}\n'
 
 
 def forced_calls(tools: list[dict[str, Any]], names: list[str], parallel: bool, tokenizer: Any) -> StructuredOutput:
