@@ -20,6 +20,7 @@ and ``response_format`` on completions too.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Annotated, Any, Literal, TypeVar
@@ -391,6 +392,7 @@ FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
 
 MAX_PARAMETERS_DEPTH = 64
+MAX_CACHED_SCHEMA_BYTES = 64 * 1024  # the meta-schema cache holds at most 256 x 64 KiB
 
 
 def _nesting_depth(value: Any) -> int:
@@ -413,14 +415,27 @@ def _parameters_schema(value: dict[str, Any] | None) -> dict[str, Any] | None:
         return value
     if _nesting_depth(value) > MAX_PARAMETERS_DEPTH:
         raise invalid("nests deeper than {limit} levels.", limit=MAX_PARAMETERS_DEPTH)
-    validator = jsonschema.validators.validator_for(value, default=jsonschema.Draft202012Validator)
-    try:
-        validator.check_schema(value)
-    except jsonschema.SchemaError as err:
-        raise invalid("is not a valid JSON schema: {reason}", reason=err.message) from None
+    text = json.dumps(value, sort_keys=True)  # not orjson: a body may hold integers beyond 64 bits
+    check = _meta_schema_problem if len(text) <= MAX_CACHED_SCHEMA_BYTES else _meta_schema_problem.__wrapped__
+    problem = check(text)
+    if problem is not None:
+        raise invalid("is not a valid JSON schema: {reason}", reason=problem)
     if value.get("type", "object") != "object":
         raise invalid('must be the JSON schema of an object ("type": "object").')
     return value
+
+
+@functools.lru_cache(maxsize=256)
+def _meta_schema_problem(schema_json: str) -> str | None:
+    """Why a schema fails its meta-schema, or None. Cached by the schema's text: checking one
+    against the 2020-12 meta-schema takes ~5 ms, and a chat app sends the same tools every turn."""
+    schema = json.loads(schema_json)
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        validator.check_schema(schema)
+    except jsonschema.SchemaError as err:
+        return err.message
+    return None
 
 
 class FunctionDefinition(Schema):
