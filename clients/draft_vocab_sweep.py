@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Draft-vocabulary sweep: acceptance and draft cost for several ``--draft-vocab-size`` values.
 
-FR-Spec trades acceptance for a cheaper draft head (``specdec_core/draft_vocab.py``). This runs
+FR-Spec trades acceptance for a cheaper draft head (``specdec_core/loading/draft_vocab.py``). This runs
 the bench's own prompts (chat through the chat template) in-process, greedy, with the draft
 model at a fixed k and speculation always on, once per size, on models loaded once, and prints
 per size: acceptance, draft milliseconds per step, target milliseconds per step and tokens per
@@ -32,8 +32,8 @@ def main() -> None:
     import torch
 
     from specdec_core import Engine, EngineConfig, SamplingParams
-    from specdec_core.config import default_cache_dir
-    from specdec_core.loader import load_model
+    from specdec_core.engine.config import default_cache_dir
+    from specdec_core.loading.loader import load_model
 
     load = dict(device=torch.device("cpu"), dtype=torch.float32, cache_dir=default_cache_dir(), progress=False)
     target = load_model(args.model, role="target", **load)

@@ -36,7 +36,7 @@ def texts(tokenizer, per_kind: int) -> list[list[int]]:
 def compare(loaded, per_kind: int, continue_tokens: int) -> dict[str, float]:
     import torch
 
-    from specdec_core.model_runner import ForwardItem, ModelRunner
+    from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
     runners = {m: ModelRunner(loaded.model, num_slots=1, max_len=2048, vocab_size=vocab, quantize=m) for m in ("none", "int8")}
@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     repo_root = str(Path(__file__).resolve().parent.parent)
     if repo_root not in sys.path:
         sys.path.append(repo_root)
-    from specdec_core.config import default_cache_dir
-    from specdec_core.loader import load_model
+    from specdec_core.engine.config import default_cache_dir
+    from specdec_core.loading.loader import load_model
 
     roles = {"target": args.model} if args.model else {"target": None, "draft": None}
     print("| model | positions | top-1 agreement int8 vs fp32 | mean KL(fp32 ‖ int8), nats |")

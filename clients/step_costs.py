@@ -2,7 +2,7 @@
 """Step-cost table: how the time of one forward grows with the tokens and requests in it.
 
 Speculation pays only when scoring k + 1 tokens costs about what scoring one costs, so this is the
-number to watch when changing the execution layer (``specdec_core/linear_kernels.py``,
+number to watch when changing the execution layer (``specdec_core/execution/linear_kernels.py``,
 ``native_llama.py``). For the target and the draft, in each quantization mode, it times one
 forward of ``ModelRunner`` (the engine's own) with:
 
@@ -63,7 +63,7 @@ def time_forward(runner, items, repeats: int) -> float:
 
 
 def measure(loaded, quantize: str, context: int, repeats: int) -> dict[str, float]:
-    from specdec_core.model_runner import ForwardItem, ModelRunner
+    from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
     runner = ModelRunner(loaded.model, num_slots=16, max_len=context + 40, vocab_size=vocab, quantize=quantize)
@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.append(repo_root)
     import torch
 
-    from specdec_core.config import default_cache_dir
-    from specdec_core.loader import load_model, resolve_device, resolve_dtype, resolve_quantize
+    from specdec_core.engine.config import default_cache_dir
+    from specdec_core.loading.loader import load_model, resolve_device, resolve_dtype, resolve_quantize
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)

@@ -39,7 +39,7 @@ TASKS = [
 @contextmanager
 def timed_grammar() -> Iterator[list[float]]:
     """Accumulate the seconds spent in every GrammarState method while the block runs."""
-    from specdec_core import grammar
+    import specdec_core.decoding.grammar as grammar
 
     spent = [0.0]
     originals = {name: getattr(grammar.GrammarState, name) for name in ("mask", "commit", "valid_prefix")}
@@ -71,7 +71,7 @@ def main() -> None:
     args = p.parse_args()
 
     from specdec_core import Engine, EngineConfig, SamplingParams
-    from specdec_core.structured_output import StructuredOutput
+    from specdec_core.decoding.structured_output import StructuredOutput
 
     eng = Engine(EngineConfig(model=args.model, draft_model=args.draft_model, max_num_seqs=4, seed=0), progress=False)
     tok = eng.tokenizer

@@ -15,11 +15,11 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 
-from server.auth import APIKeyMiddleware
-from server.engine import EngineFactory, EngineHost, load_engine
-from server.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
-from server.request_log import RequestLogMiddleware
-from server.request_target import RequestTargetMiddleware
+from server.http.auth import APIKeyMiddleware
+from server.generation.engine_host import EngineFactory, EngineHost, load_engine
+from server.http.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
+from server.http.request_log import RequestLogMiddleware
+from server.http.host_check import RequestTargetMiddleware
 from server.routes import routes
 from server.settings import ServerSettings
 from server.state import Phase, ServerState
@@ -64,9 +64,9 @@ def build_app(
             Exception: handle_unexpected,
         },
         lifespan=lifespan,
-        # No max_body_size: Starlette's 413 is plain text; server.body enforces the limit instead.
+        # No max_body_size: Starlette's 413 is plain text; server.http.body enforces the limit instead.
     )
-    # Trailing slashes are stripped before routing (server.request_target); Starlette's redirect
+    # Trailing slashes are stripped before routing (server.http.host_check); Starlette's redirect
     # would build its Location from the client's Host header.
     app.router.redirect_slashes = False
     app.state.server = state

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from server.config_flags import (
+from server.cli_flags import (
     add_flags,
     engine_config_class,
     flag_fields,

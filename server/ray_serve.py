@@ -103,7 +103,7 @@ def build_application(settings: ServerSettings, scaling: RayScaling) -> Any:
     from ray import serve
 
     from server.app import build_app
-    from server.engine import load_engine
+    from server.generation.engine_host import load_engine
     from server.state import Phase
 
     options = deployment_options(settings, scaling, torch.cuda.is_available(), os.cpu_count() or 1)
@@ -113,7 +113,7 @@ def build_application(settings: ServerSettings, scaling: RayScaling) -> Any:
     @serve.ingress()
     class SpecdecReplica:
         async def __init__(self, settings: ServerSettings) -> None:
-            from server.logging import configure_logging
+            from server.logging_setup import configure_logging
 
             configure_logging(settings.log_level)
             torch.set_num_threads(threads)  # this replica's share of the cores
@@ -143,7 +143,7 @@ def serve_ray(settings: ServerSettings, scaling: RayScaling) -> int:
     import ray
     from ray import serve
 
-    from server.logging import configure_logging
+    from server.logging_setup import configure_logging
 
     configure_logging(settings.log_level)
     ray.init(address=scaling.address, ignore_reinit_error=True)

@@ -30,8 +30,8 @@ import structlog
 import uvicorn
 
 from server.app import build_app
-from server.http_protocol import protocol_for
-from server.logging import configure_logging
+from server.http.protocol import protocol_for
+from server.logging_setup import configure_logging
 from server.settings import ServerSettings
 from server.state import Phase, ServerState
 
@@ -133,7 +133,7 @@ def serve(settings: ServerSettings) -> int:
     logging.getLogger("uvicorn.error").addFilter(UvicornStartupLines())
     if not sys.stderr.isatty():
         # Progress bars belong on a terminal, never inside JSON log lines; the loading phases log
-        # their progress instead (specdec_core.progress_log). tqdm reads this when it is imported,
+        # their progress instead (specdec_core.loading.progress_log). tqdm reads this when it is imported,
         # which has not happened yet: the models are imported by the engine's loader.
         os.environ.setdefault("TQDM_DISABLE", "1")
     server: DrainingServer | None = None
@@ -153,7 +153,7 @@ def serve(settings: ServerSettings) -> int:
         access_log=False,
         ws="none",
         server_header=False,
-        # h11 with a head timeout, a connection limit and OpenAI error objects (server.http_protocol).
+        # h11 with a head timeout, a connection limit and OpenAI error objects (server.http.protocol).
         http=protocol_for(settings),
         timeout_keep_alive=settings.keep_alive_timeout,
         # Our drain already waited for requests; this only bounds closing idle connections.
@@ -164,7 +164,7 @@ def serve(settings: ServerSettings) -> int:
     if app.state.engine_host.busy:
         # Stopped while the model was loading (or forced out of waiting for the engine): the
         # thread is inside torch, and the interpreter's teardown would abort the process under it.
-        # Partial conversions are removed by the next start (specdec_core.stale_partials).
+        # Partial conversions are removed by the next start (specdec_core.loading.stale_partials).
         log.info("exiting without waiting for the engine thread", reason="still loading" if server.state.engine is None else "forced")
         logging.shutdown()
         sys.stdout.flush()

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # importing specdec_core pulls in torch; `specdec --help` should not wait for it
-    from specdec_core.config import EngineConfig
+    from specdec_core.engine.config import EngineConfig
 
 
 def _default_engine_config() -> EngineConfig:
-    from specdec_core.config import EngineConfig
+    from specdec_core.engine.config import EngineConfig
 
     return EngineConfig()
 
@@ -23,7 +23,7 @@ PROMPT_CHARS_PER_TOKEN = 64
 
 
 def _flag(help: str, **extra: object) -> dict[str, object]:
-    """``field`` metadata for a ``specdec serve`` flag (see ``server.config_flags``)."""
+    """``field`` metadata for a ``specdec serve`` flag (see ``server.cli_flags``)."""
     return {"help": help, "group": "http", **extra}
 
 
@@ -35,7 +35,7 @@ class ServerSettings:
     requests may wait beyond the engine's ``max_num_seqs`` running ones before new requests get
     429 (``None``, from Python only, admits without limit). ``shutdown_grace_s`` is how long a
     SIGTERM waits for in-flight requests before aborting them (env ``SPECDEC_SHUTDOWN_GRACE``).
-    The ``max_*`` limits at the end bound the work one request can ask for (``server.limits``).
+    The ``max_*`` limits at the end bound the work one request can ask for (``server.openai.limits``).
     """
 
     engine: EngineConfig = field(default_factory=_default_engine_config)

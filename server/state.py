@@ -12,9 +12,9 @@ import math
 import time
 from typing import Protocol
 
-from server.engine import EngineLike
-from server.errors import APIError
-from server.metrics import ServerMetrics
+from server.generation.engine_host import EngineLike
+from server.http.errors import APIError
+from server.prometheus import ServerMetrics
 from server.settings import ServerSettings
 
 

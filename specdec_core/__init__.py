@@ -3,7 +3,7 @@
 Public API: ``EngineConfig``, ``SamplingParams``, ``Engine`` (synchronous, one ``step()`` at a
 time), ``AsyncEngine`` (thread-backed, ``async for`` over ``RequestOutput`` deltas).
 
-The names are imported lazily (PEP 562): ``import specdec_core.config`` must not pull in torch,
+The names are imported lazily (PEP 562): ``import specdec_core.engine.config`` must not pull in torch,
 so that ``specdec serve --help`` and the CLI's flag generation stay instant.
 """
 
@@ -13,28 +13,28 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "AsyncEngine": "async_engine",
-    "EngineDeadError": "async_engine",
-    "RequestStream": "async_engine",
-    "EngineConfig": "config",
-    "Completion": "engine",
-    "Engine": "engine",
-    "EngineMetrics": "metrics",
-    "RequestOutput": "outputs",
-    "RequestStats": "outputs",
-    "TokenLogprob": "outputs",
-    "SamplingParams": "sampling_params",
+    "AsyncEngine": "engine.async_engine",
+    "EngineDeadError": "engine.async_engine",
+    "RequestStream": "engine.async_engine",
+    "EngineConfig": "engine.config",
+    "Completion": "engine.engine",
+    "Engine": "engine.engine",
+    "EngineMetrics": "engine.stats",
+    "RequestOutput": "engine.outputs",
+    "RequestStats": "engine.outputs",
+    "TokenLogprob": "engine.outputs",
+    "SamplingParams": "decoding.sampling_params",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .async_engine import AsyncEngine, EngineDeadError, RequestStream
-    from .config import EngineConfig
-    from .engine import Completion, Engine
-    from .metrics import EngineMetrics
-    from .outputs import RequestOutput, RequestStats, TokenLogprob
-    from .sampling_params import SamplingParams
+    from specdec_core.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
+    from specdec_core.engine.config import EngineConfig
+    from specdec_core.engine.engine import Completion, Engine
+    from specdec_core.engine.stats import EngineMetrics
+    from specdec_core.engine.outputs import RequestOutput, RequestStats, TokenLogprob
+    from specdec_core.decoding.sampling_params import SamplingParams
 
 
 def __getattr__(name: str) -> Any:

@@ -164,7 +164,7 @@ def load(path: Path | str, **kwargs):
     """Load a model through the project's loader with test defaults (CPU, fp32)."""
     import os
 
-    from specdec_core.loader import load_model
+    from specdec_core.loading.loader import load_model
 
     return load_model(str(path), role=kwargs.pop("role", "target"), device="cpu", dtype="float32",
                       cache_dir=Path(os.environ["SPECDEC_CACHE_DIR"]), progress=False, **kwargs)

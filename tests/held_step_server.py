@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from specdec_core import engine as engine_module  # noqa: E402
-from specdec_core import loader  # noqa: E402
+import specdec_core.engine.engine as engine_module  # noqa: E402
+import specdec_core.loading.loader as loader  # noqa: E402
 
 _released = threading.Event()
 

@@ -209,7 +209,7 @@ class FakeStream:
         return self._run()
 
     async def _run(self):
-        from specdec_core.outputs import RequestOutput, RequestStats, TokenLogprob
+        from specdec_core.engine.outputs import RequestOutput, RequestStats, TokenLogprob
 
         stats = RequestStats(prompt_tokens=len(self.prompt_token_ids))
         try:

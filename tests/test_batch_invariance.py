@@ -16,8 +16,8 @@ import pytest
 import torch
 from conftest import load
 
-from specdec_core.linear_kernels import prepare_linear
-from specdec_core.model_runner import ForwardItem, ModelRunner
+from specdec_core.execution.linear_kernels import prepare_linear
+from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 
 MODES = ["none", "int8"]
 MAX_LEN = 160

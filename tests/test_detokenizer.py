@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec_core.detokenizer import IncrementalDetokenizer
+from specdec_core.decoding.detokenizer import IncrementalDetokenizer
 
 TEXT = "Grüße 👋🏽 from 東京! naïve café — ∑x² ✓ 🤖🤖 def f(x):\n    return x  # ок ünïcödé"
 

@@ -17,11 +17,11 @@ import torch
 from conftest import load
 from scipy.stats import chisquare
 
-import specdec_core.engine as engine_module
+import specdec_core.engine.engine as engine_module
 from specdec_core import Engine, EngineConfig, SamplingParams
-from specdec_core.model_runner import ForwardItem, ModelRunner
-from specdec_core.sampling import RowParams, sample, warp
-from specdec_core.verifier import VerifyResult, verify
+from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+from specdec_core.decoding.sampling import RowParams, sample, warp
+from specdec_core.speculation.verifier import VerifyResult, verify
 
 VOCAB = 16
 PROMPT = [3, 7, 1]

@@ -143,7 +143,7 @@ def smol_prompts(tok) -> list[str]:
 def test_real_model_int8_speculation_equals_int8_alone(smol):
     """SmolLM2-135M in the CPU default mode (per-row int8): draft-model and n-gram speculation,
     several requests batched together, give exactly int8 decoding's tokens."""
-    from specdec_core.loader import LoadedModel
+    from specdec_core.loading.loader import LoadedModel
 
     n = smol.model.config.num_hidden_layers
     draft = LoadedModel(drop_layers(smol.model, [i for i in range(n) if i not in (n // 2 - 1, n // 2)]), smol.tokenizer, "smol-draft", smol.path)
@@ -160,7 +160,7 @@ def test_real_model_int8_speculation_equals_int8_alone(smol):
 def test_real_model_matches_transformers_generate(smol):
     """SmolLM2-135M (real weights), fp32 native path: speculative greedy == transformers
     generate(do_sample=False)."""
-    from specdec_core.loader import LoadedModel
+    from specdec_core.loading.loader import LoadedModel
 
     n = smol.model.config.num_hidden_layers
     draft = LoadedModel(drop_layers(smol.model, [i for i in range(n) if i not in (n // 2 - 1, n // 2)]), smol.tokenizer, "smol-draft", smol.path)

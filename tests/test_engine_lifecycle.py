@@ -9,7 +9,7 @@ import torch
 from conftest import load
 
 from specdec_core import AsyncEngine, Engine, EngineConfig, EngineDeadError, SamplingParams
-from specdec_core.detokenizer import IncrementalDetokenizer
+from specdec_core.decoding.detokenizer import IncrementalDetokenizer
 
 PROMPTS = ["def add(a, b):", "Hello, my name is", "1 2 3 4 5", "The weather today"]
 
@@ -40,7 +40,7 @@ def test_failure_after_the_target_forward_is_retried_per_request(pair, method, m
     """A batched step that raises after the target forward (here: in verification, once) must
     leave every request as it was, so the per-request retry continues exactly where it stood:
     same tokens as a run without the fault, nobody stuck, every slot freed."""
-    import specdec_core.engine as engine_module
+    import specdec_core.engine.engine as engine_module
 
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     expected = [c.token_ids for c in make(pair, method, adaptive_speculation=False).generate(PROMPTS, params)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from specdec_core.eos import eos_token_ids
+from specdec_core.decoding.eos import eos_token_ids
 
 
 class _Tok:

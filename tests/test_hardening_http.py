@@ -33,7 +33,7 @@ from server_helpers import (
 
 from server.app import build_app
 from server.cli import parse_serve_args, settings_from_args
-from server.request_target import host_allowed
+from server.http.host_check import host_allowed
 from server.settings import ServerSettings
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"

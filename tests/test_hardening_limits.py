@@ -21,7 +21,7 @@ from server_helpers import (
 )
 
 import specdec_core
-from specdec_core.detokenizer import IncrementalDetokenizer
+from specdec_core.decoding.detokenizer import IncrementalDetokenizer
 
 TEXT = "Grüße 👋🏽 from 東京! naïve café — ∑x² ✓ 🤖🤖 def f(x):\n    return x  # ок ünïcödé"
 CORE_DIR = str(Path(specdec_core.__file__).parent)
@@ -214,7 +214,7 @@ def control_ids(tok, ids: list[int]) -> list[int]:
 
 
 def test_special_token_text_in_messages_is_plain_text(tok) -> None:
-    from server.prompts import render_chat
+    from server.generation.prompts import render_chat
 
     messages = [{"role": "user", "content": INJECTION}]
     ids = render_chat(tok, messages, special_tokens_in_content=False)

@@ -18,9 +18,10 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specdec_core import default_models, loader
-from specdec_core.default_models import DefaultModel, default_model_path, pip_requirements
-from specdec_core.loader import (
+import specdec_core.loading.default_models as default_models
+import specdec_core.loading.loader as loader
+from specdec_core.loading.default_models import DefaultModel, default_model_path, pip_requirements
+from specdec_core.loading.loader import (
     LoadedModel,
     ModelLoadError,
     load_model,
@@ -28,7 +29,7 @@ from specdec_core.loader import (
     resolve_dtype,
     resolve_quantize,
 )
-from specdec_core.tokenizer_compat import IncompatibleModelsError, check_pair
+from specdec_core.loading.tokenizer_compat import IncompatibleModelsError, check_pair
 
 SMOL_VOCAB = 49152
 
@@ -281,6 +282,6 @@ def test_default_models_and_loader_do_not_import_each_other_in_a_cycle() -> None
     import subprocess
     import sys
 
-    code = ("import sys, specdec_core.default_models; assert 'specdec_core.loader' not in sys.modules; "
-            "import specdec_core.loader as l; assert l.default_models is specdec_core.default_models")
+    code = ("import sys, specdec_core.loading.default_models; assert 'specdec_core.loading.loader' not in sys.modules; "
+            "import specdec_core.loading.loader as l; assert l.default_models is specdec_core.loading.default_models")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from specdec_core import progress_log
+import specdec_core.loading.progress_log as progress_log
 
 
 class Recorder(logging.Handler):

@@ -102,7 +102,7 @@ def test_api_key_is_not_in_settings_repr() -> None:
 def test_every_engine_config_field_is_a_flag_with_a_variable() -> None:
     """The flags are generated from EngineConfig: a new field cannot be forgotten on the CLI."""
     from server.cli import _subparser, build_parser
-    from specdec_core.config import EngineConfig
+    from specdec_core.engine.config import EngineConfig
 
     help_text = _subparser(build_parser(), "serve").format_help()
     for f in dataclasses.fields(EngineConfig):

@@ -10,10 +10,10 @@ import jsonschema
 import pytest
 from server_helpers import ServerProcess
 
-from server.errors import APIError
-from server.openapi import REF, openapi_document
-from server.parsing import parse_body
-from server.schemas import SEED_MAX, SEED_MIN, ChatCompletionRequest, CompletionRequest
+from server.http.errors import APIError
+from server.openai.openapi import REF, openapi_document
+from server.openai.parsing import parse_body
+from server.openai.schemas import SEED_MAX, SEED_MIN, ChatCompletionRequest, CompletionRequest
 
 P = {"prompt": "Hello"}
 M = {"messages": [{"role": "user", "content": "Hello"}]}

@@ -10,11 +10,11 @@ import torch
 from conftest import load
 
 from specdec_core import Engine, EngineConfig, SamplingParams
-from specdec_core.cost_model import CostTable, StepCostModel
-from specdec_core.proposer import NgramIndex
-from specdec_core.request import Request
-from specdec_core.scheduler import ScheduledRequest
-from specdec_core.speculation_policy import SpeculationPolicy, expected_tokens
+from specdec_core.speculation.cost_model import CostTable, StepCostModel
+from specdec_core.speculation.proposer import NgramIndex
+from specdec_core.engine.request import Request
+from specdec_core.engine.scheduler import ScheduledRequest
+from specdec_core.speculation.policy import SpeculationPolicy, expected_tokens
 
 # Step costs measured on the 2-core CPU (ms): the 1.5B int8 target by tokens in the step, the
 # 0.5B int8 draft by requests in one draft forward (clients/step_costs.py).
@@ -153,7 +153,7 @@ def test_a_reduced_draft_head_proposes_only_its_tokens_and_stays_exact(pair):
     alone = Engine.from_loaded(EngineConfig(speculative_method="none", **base), target).generate(PROMPTS, GREEDY)
     eng = Engine.from_loaded(EngineConfig(speculative_method="draft", draft_vocab_size=2000, **base), target, draft)
     assert [c.token_ids for c in eng.generate(PROMPTS, GREEDY)] == [c.token_ids for c in alone]
-    from specdec_core.model_runner import ForwardItem
+    from specdec_core.execution.model_runner import ForwardItem
 
     logits = eng.draft_runner.forward([ForwardItem(0, 0, [1, 2, 3], 1)])[0]
     scored = torch.isfinite(logits).nonzero().flatten().tolist()

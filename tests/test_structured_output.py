@@ -22,11 +22,11 @@ import torch
 from conftest import load
 from test_distribution import SAMPLES, VOCAB, _build, biased_verify, chi_square_p
 
-import specdec_core.engine as engine_module
+import specdec_core.engine.engine as engine_module
 from specdec_core import Engine, EngineConfig, SamplingParams
-from specdec_core.model_runner import ForwardItem, ModelRunner
-from specdec_core.sampling import RowParams, warp
-from specdec_core.structured_output import StructuredOutput
+from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+from specdec_core.decoding.sampling import RowParams, warp
+from specdec_core.decoding.structured_output import StructuredOutput
 
 # Finite by construction (enums, booleans, bounded arrays, bounded whitespace runs): even a random
 # model must finish it, so every output can be checked against the schema.

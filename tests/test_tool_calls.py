@@ -14,8 +14,8 @@ import openai
 import pytest
 from server_helpers import ServerProcess
 
-from server.prompts import render_chat
-from server.tool_calls import ToolCallParser, call_grammar, has_marker_tokens, parse_tool_calls
+from server.generation.prompts import render_chat
+from server.tools.parser import ToolCallParser, call_grammar, has_marker_tokens, parse_tool_calls
 
 MODEL = "tiny"
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Tokyo", "Lima"]},
@@ -106,9 +106,9 @@ def test_without_parallel_calls_only_the_first_call_is_kept_whole_or_streamed() 
 
 
 def test_the_chat_renderer_keeps_one_call_and_opens_tool_streams_with_null_content(smol_tok) -> None:
-    from server.generation import Choice
-    from server.renderers import ChatRenderer
-    from server.responses import TokenText
+    from server.generation.submission import Choice
+    from server.openai.renderers import ChatRenderer
+    from server.openai.bodies import TokenText
 
     renderer = ChatRenderer(TokenText(smol_tok), False, set(SCHEMAS), max_calls=1)
     assert renderer.opening([0]) == [[{"index": 0, "delta": {"role": "assistant", "content": None},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec_core.verifier import verify, verify_greedy
+from specdec_core.speculation.verifier import verify, verify_greedy
 
 
 def test_greedy_fast_path_equals_one_hot_rejection_rule():

@@ -22,12 +22,12 @@ def _load_pair(args, need_draft: bool):
     checkout without ``pip install -e .`` works)."""
     if str(REPO_ROOT) not in sys.path:
         sys.path.append(str(REPO_ROOT))
-    from specdec_core.config import default_cache_dir  # type: ignore
-    from specdec_core.loader import load_model, resolve_device, resolve_dtype, resolve_quantize  # type: ignore
+    from specdec_core.engine.config import default_cache_dir  # type: ignore
+    from specdec_core.loading.loader import load_model, resolve_device, resolve_dtype, resolve_quantize  # type: ignore
 
     device = resolve_device(args.device)
     mode = resolve_quantize(args.quantize, device, resolve_dtype(args.dtype, device))
-    log("baselines load their models through specdec_core.loader.load_model (converted-weights cache)")
+    log("baselines load their models through specdec_core.loading.loader.load_model (converted-weights cache)")
 
     def load(source: str | None, role: str):
         lm = load_model(source, role=role, device=device, dtype=args.dtype, cache_dir=default_cache_dir(), progress=True)
@@ -81,7 +81,7 @@ def run_baselines(args, workloads: dict[str, list[Workload]]) -> tuple[list[Row]
             pass
 
     # Stop on the ids the server stops on (same rule, same function): otherwise the runs differ in length.
-    from specdec_core.eos import eos_token_ids  # _load_pair put the repository root on sys.path
+    from specdec_core.decoding.eos import eos_token_ids  # _load_pair put the repository root on sys.path
 
     eos = sorted(eos_token_ids(target, tok)) or None
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)

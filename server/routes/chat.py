@@ -1,7 +1,7 @@
 """``POST /v1/chat/completions``: messages rendered with the model's chat template.
 
 This module only turns the request into engine jobs (one per choice) and says how a
-``chat.completion`` looks (``ChatRenderer``); ``server.generation_response`` does the rest.
+``chat.completion`` looks (``ChatRenderer``); ``server.generation.response`` does the rest.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.generation import Job
-from server.generation_response import generate
-from server.prompts import render_chat, resolve_max_tokens
-from server.renderers import ChatRenderer
-from server.responses import TokenText
+from server.generation.submission import Job
+from server.generation.response import generate
+from server.generation.prompts import render_chat, resolve_max_tokens
+from server.openai.renderers import ChatRenderer
+from server.openai.bodies import TokenText
 from server.routes.common import check_model, check_structured, read_request, server_state
-from server.schemas import ChatCompletionRequest
-from server.tool_calls import forced_calls
+from server.openai.schemas import ChatCompletionRequest
+from server.tools.parser import forced_calls
 
 
 async def create_chat_completion(request: Request) -> Response:

@@ -6,15 +6,15 @@ import asyncio
 from typing import TypeVar
 
 import structlog
-from specdec_core.structured_output import StructuredOutput
+from specdec_core.decoding.structured_output import StructuredOutput
 from starlette.requests import Request
 
-from server.body import read_json_body
-from server.engine import EngineLike
-from server.errors import APIError, invalid_request
-from server.parsing import parse_body
-from server.request_log import request_id, request_log
-from server.schemas import Schema
+from server.http.body import read_json_body
+from server.generation.engine_host import EngineLike
+from server.http.errors import APIError, invalid_request
+from server.openai.parsing import parse_body
+from server.http.request_log import request_id, request_log
+from server.openai.schemas import Schema
 from server.settings import ServerSettings
 from server.state import ServerState
 
@@ -31,7 +31,7 @@ def server_state(request: Request) -> ServerState:
 
 async def read_request(request: Request, schema: type[S]) -> S:
     """The body validated against ``schema`` under the server's limits (a 400 if it does not fit;
-    415/413/408 from ``server.body`` before that). Fields the schema does not know are ignored, and
+    415/413/408 from ``server.http.body`` before that). Fields the schema does not know are ignored, and
     named in a warning so a typo ("temprature") does not go unnoticed. Validation grows with the
     body, so it runs off the event loop."""
     settings = server_state(request).settings

@@ -1,7 +1,7 @@
 """``POST /v1/completions``: text (or token-id) prompts, streamed or not.
 
 This module only turns the request into engine jobs (one per prompt and choice) and says how a
-``text_completion`` looks (``CompletionRenderer``); ``server.generation_response`` does the rest.
+``text_completion`` looks (``CompletionRenderer``); ``server.generation.response`` does the rest.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.generation import Job
-from server.generation_response import generate
-from server.prompts import resolve_max_tokens, tokenize_prompts
-from server.renderers import CompletionRenderer
-from server.responses import TokenText
+from server.generation.submission import Job
+from server.generation.response import generate
+from server.generation.prompts import resolve_max_tokens, tokenize_prompts
+from server.openai.renderers import CompletionRenderer
+from server.openai.bodies import TokenText
 from server.routes.common import check_model, check_structured, read_request, server_state
-from server.schemas import CompletionRequest
+from server.openai.schemas import CompletionRequest
 
 
 async def create_completion(request: Request) -> Response:

@@ -1,4 +1,4 @@
-"""``GET /metrics``: Prometheus text format (see server.metrics for what is exported)."""
+"""``GET /metrics``: Prometheus text format (see server.prometheus for what is exported)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.jsonio import JSONResponse
+from server.http.jsonio import JSONResponse
 from server.routes.common import check_model, server_state
 from server.state import ServerState
 

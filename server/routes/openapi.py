@@ -1,12 +1,12 @@
-"""``GET /openapi.json``: the API's OpenAPI document (built in server.openapi)."""
+"""``GET /openapi.json``: the API's OpenAPI document (built in server.openai.openapi)."""
 
 from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.jsonio import JSONResponse
-from server.openapi import openapi_document
+from server.http.jsonio import JSONResponse
+from server.openai.openapi import openapi_document
 
 
 async def openapi_json(request: Request) -> Response:

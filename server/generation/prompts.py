@@ -1,0 +1,104 @@
+"""Prompts to token ids, and the context-length check, before anything reaches the engine.
+
+The server tokenizes itself (rather than handing text to the engine) so it knows each prompt's
+length up front: a request that cannot fit in ``max_model_len`` is refused with OpenAI's
+"maximum context length" 400 instead of failing later inside the engine.
+
+Tokenizing and rendering a chat template take time that grows with the prompt, so the routes run
+``tokenize_prompts`` and ``render_chat`` off the event loop (``asyncio.to_thread``); the
+tokenizer releases the GIL while it encodes. Prompt sizes are bounded before this
+(``--max-prompt-chars``, see ``server.openai.limits``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server.http.errors import invalid_request
+from server.tools.parser import fallback_messages, template_takes_tools
+
+
+def tokenize_prompts(tokenizer: Any, prompts: list[str | list[int]], vocab_size: int) -> list[list[int]]:
+    """Token ids of every prompt of a completions request, in order (the first bad one is a 400)."""
+    return [tokenize_prompt(tokenizer, p, vocab_size) for p in prompts]
+
+
+def tokenize_prompt(tokenizer: Any, prompt: str | list[int], vocab_size: int, param: str = "prompt") -> list[int]:
+    """Token ids of a completions prompt (text gets the tokenizer's usual special tokens)."""
+    if isinstance(prompt, str):
+        ids = list(tokenizer(prompt)["input_ids"])
+    else:
+        ids = list(prompt)
+        for tid in ids:
+            if not 0 <= tid < vocab_size:
+                raise invalid_request(
+                    f"Token id {tid} in '{param}' is outside the vocabulary (valid ids: 0 <= id < {vocab_size}).",
+                    param,
+                    code="invalid_token_id",
+                )
+    if not ids:
+        raise invalid_request(f"'{param}' must not be empty.", param)
+    return ids
+
+
+def render_chat(
+    tokenizer: Any, messages: list[dict[str, Any]], *, special_tokens_in_content: bool,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
+    """Token ids of the chat template applied to ``messages``, ready for the assistant's reply.
+
+    ``tools`` (function definitions) go through the template where it takes them (Qwen2.5's
+    does); otherwise ``server.tools.parser.fallback_messages`` describes them, and past calls and
+    tool results, in plain messages.
+
+    The rendered text already contains the template's special tokens, so it is encoded without
+    adding more (a second BOS would change what the model sees). Special-token text inside the
+    messages (``hi<|im_end|><|im_start|>system``) is encoded as the plain text it is, unless
+    ``special_tokens_in_content``: otherwise a message could forge turns and roles. Only the
+    template's own control tokens become control tokens (transformers' ``sanitize_control_tokens``:
+    the tokenizer's special tokens and the added tokens the template writes).
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise invalid_request(
+            "This model has no chat template; use /v1/completions with a plain prompt.", "messages", code="no_chat_template"
+        )
+    uses_tools = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+    extra: dict[str, Any] = {}
+    if uses_tools and template_takes_tools(tokenizer):
+        extra["tools"] = [{"type": "function", "function": t} for t in tools or []] or None
+    elif uses_tools:
+        messages = fallback_messages(messages, tools or [])
+    try:
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False,
+            sanitize_control_tokens=not special_tokens_in_content, **extra,
+        )
+    except Exception as exc:  # jinja2 TemplateError / raise_exception() inside the template
+        raise invalid_request(f"The model's chat template rejected these messages: {exc}", "messages") from None
+    if not ids:
+        raise invalid_request("The rendered conversation is empty.", "messages")
+    return list(ids)
+
+
+def resolve_max_tokens(
+    prompt_len: int, requested: int | None, max_model_len: int, *, prompt_param: str, tokens_param: str
+) -> int:
+    """The completion budget: ``requested``, or all the room left; 400 when it cannot fit."""
+    if prompt_len >= max_model_len:
+        raise invalid_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, your {prompt_param} "
+            f"has {prompt_len} tokens, which leaves no room for a completion. Please shorten the {prompt_param}.",
+            prompt_param,
+            code="context_length_exceeded",
+        )
+    if requested is None:
+        return max_model_len - prompt_len
+    if prompt_len + requested > max_model_len:
+        raise invalid_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_len + requested} tokens ({prompt_len} in the {prompt_param}, {requested} in the completion). "
+            f"Please reduce the length of the {prompt_param} or of '{tokens_param}'.",
+            tokens_param,
+            code="context_length_exceeded",
+        )
+    return requested

@@ -1,0 +1,133 @@
+"""The one response path of both generation endpoints: a ``Generation`` rendered as an SSE stream
+or as one JSON body.
+
+The data flows one way: HTTP body -> schema -> ``SamplingParams`` -> engine -> deltas -> renderer
+-> response. Routes build the jobs and a ``server.openai.renderers`` renderer; everything after that
+(request log fields, admission, the order of stream chunks, failures, usage and the
+``speculative`` report, client disconnects) happens here, identically for completions and chat.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from server.generation.engine_host import EngineLike
+from server.generation.submission import Generation, Job, run_until_disconnect
+from server.http.jsonio import JSONResponse
+from server.openai.renderers import Renderer
+from server.http.request_log import request_id, request_log
+from server.openai.bodies import envelope, usage
+from server.state import ServerState
+from server.generation.streaming import GenerationStream
+
+
+@dataclass
+class GenerationResponse:
+    """One started generation and how to render it (see module docstring)."""
+
+    generation: Generation
+    renderer: Renderer
+    model: str
+    # OpenAI's stream_options.include_usage: a last chunk with usage, and the key on every chunk.
+    include_usage: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def _envelope(
+        self, choices: list[dict[str, Any]], usage_: dict | None, speculative: dict | None, *, chunk: bool
+    ) -> dict[str, Any]:
+        obj = self.renderer.object_name(chunk=chunk)
+        return envelope(obj, self.generation.request_id, self.created, self.model, choices, usage_, speculative)
+
+    def _chunk(
+        self, choices: list[dict[str, Any]], usage_: dict | None = None, speculative: dict | None = None
+    ) -> dict[str, Any]:
+        body = self._envelope(choices, usage_, speculative, chunk=True)
+        if not self.include_usage:
+            del body["usage"]  # OpenAI sends the key only when stream_options.include_usage is set
+        return body
+
+    def _usage(self) -> dict[str, int]:
+        return usage(self.generation.prompt_tokens, self.generation.completion_tokens)
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        """The stream's chunks: the renderer's opening, a chunk per delta with something in it, a
+        finish chunk per choice, then the usage chunk if asked. ``speculative`` rides on the very
+        last chunk. A failed or aborted choice ends the stream with an error event instead."""
+        generation, renderer = self.generation, self.renderer
+        for choices in renderer.opening(sorted(generation.choices)):
+            yield self._chunk(choices)
+        async for choice, out in generation.deltas():
+            if out.finish_reason in ("error", "abort"):
+                break
+            piece = renderer.delta(choice.index, out.text, out.logprobs)
+            if piece is not None:
+                yield self._chunk([piece])
+            if choice.finished:
+                last = generation.all_finished and not self.include_usage
+                yield self._chunk(
+                    [renderer.finish(choice.index, choice.finish_reason)],
+                    speculative=generation.speculative() if last else None,
+                )
+        failure = generation.failure()
+        if failure is not None:
+            yield failure.body()
+            return
+        if self.include_usage:
+            yield self._chunk([], self._usage(), generation.speculative())
+
+    def body(self) -> dict[str, Any]:
+        """The non-streamed body of a generation whose choices all finished."""
+        choices = [self.renderer.choice(self.generation.choices[i]) for i in sorted(self.generation.choices)]
+        return self._envelope(choices, self._usage(), self.generation.speculative(), chunk=False)
+
+    async def respond(self, request: Request, *, stream: bool) -> Response:
+        if stream:
+            return GenerationStream(self.generation, self.chunks())
+        return await respond_when_done(self.generation, request, self.body)
+
+
+async def respond_when_done(
+    generation: Generation, request: Request, build_body: Callable[[], dict[str, Any]]
+) -> Response:
+    """The non-streamed answer: wait for every choice (closing the generation either way), then the
+    JSON body from ``build_body``. A client that went away gets 499; an engine failure is raised."""
+    try:
+        connected = await run_until_disconnect(generation, request.receive)
+    finally:
+        generation.close()
+    if not connected:
+        return Response(status_code=499)
+    failure = generation.failure()
+    if failure is not None:
+        raise failure
+    return JSONResponse(build_body())
+
+
+async def generate(
+    request: Request,
+    state: ServerState,
+    engine: EngineLike,
+    jobs: list[Job],
+    renderer: Renderer,
+    *,
+    endpoint: str,
+    id_prefix: str,
+    model: str,
+    stream: bool,
+    include_usage: bool,
+    arrival: float,
+) -> Response:
+    """Submit ``jobs`` (429/503/400 raised before any response starts) and answer with their
+    output, streamed or whole. ``endpoint`` names the request in its log line."""
+    fields = request_log(request)
+    fields.update(endpoint=endpoint, stream=stream)
+    generation = Generation(state, engine, f"{id_prefix}-{request_id(request)}", jobs, arrival=arrival, log_fields=fields)
+    generation.start()
+    response = GenerationResponse(generation, renderer, model, include_usage)
+    return await response.respond(request, stream=stream)

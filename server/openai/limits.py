@@ -1,0 +1,65 @@
+"""Per-request limits: how much work one request may ask for, and the 400 that says how to raise it.
+
+The limits are ``ServerSettings`` fields, so each is a flag (``--max-stop-strings``, ...). The
+request schemas enforce them while they validate a body: ``server.openai.parsing.parse_body`` hands the
+settings to pydantic as its validation context, and the validators in ``server.openai.schemas`` call the
+checks below. So an over-limit request is refused before its prompts are tokenized, before its
+stop strings are compiled, and before a long array is validated item by item (counts are checked
+first). A schema validated without settings (its unit tests, the OpenAPI document) is unlimited.
+
+The error names the field (``param``), says what was asked and what is allowed, and names the flag
+and variable that raise the limit; its ``code`` is ``limit_exceeded``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationInfo
+from pydantic_core import PydanticCustomError
+
+if TYPE_CHECKING:
+    from server.settings import ServerSettings
+
+LIMIT_EXCEEDED = "limit_exceeded"
+
+
+def settings_of(info: ValidationInfo) -> ServerSettings | None:
+    """The server settings a body is validated under, if any (see the module docstring)."""
+    context = info.context
+    return context.get("settings") if isinstance(context, dict) else None
+
+
+def exceeded(setting: str, asked: str, limit: int) -> PydanticCustomError:
+    """The error for a request over the limit ``setting`` (a ``ServerSettings`` field name);
+    ``asked`` completes "'<param>' ..." with what the request asked for."""
+    return PydanticCustomError(
+        LIMIT_EXCEEDED,
+        "{asked}; this server accepts at most {limit} (raise it with {flag} or {env}).",
+        {"asked": asked, "limit": limit, "flag": "--" + setting.replace("_", "-"), "env": "SPECDEC_" + setting.upper()},
+    )
+
+
+def check_count(count: int, limit: int, setting: str, noun: str) -> None:
+    if count > limit:
+        raise exceeded(setting, f"has {count} {noun}", limit)
+
+
+def check_stop_strings(stops: list[str], settings: ServerSettings) -> None:
+    check_count(len(stops), settings.max_stop_strings, "max_stop_strings", "strings")
+    check_count(sum(map(len, stops)), settings.max_stop_chars, "max_stop_chars", "characters in all")
+
+
+def check_sequences(prompts: int, n: int, settings: ServerSettings) -> None:
+    """Every prompt runs ``n`` times: a request is that many engine sequences."""
+    limit = settings.max_sequences_per_request
+    if prompts * n > limit:
+        if prompts == 1:
+            asked = f"asks for {n} sequences"
+        else:
+            asked = f"has {prompts} prompts, with 'n' = {n} that is {prompts * n} sequences"
+        raise exceeded("max_sequences_per_request", asked, limit)
+
+
+def check_prompt_chars(chars: int, settings: ServerSettings) -> None:
+    check_count(chars, settings.prompt_chars_limit, "max_prompt_chars", "characters of prompt text")

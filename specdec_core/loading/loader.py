@@ -1,0 +1,270 @@
+"""Turn a user's model argument into a ready-to-run model and tokenizer, never touching the network.
+
+Accepted sources: a local Hugging Face directory, a hub id already in the local HF cache, a ``.gguf``
+file, or ``None`` for the embedded default pair. GGUF is dequantized by ``transformers``, which takes
+minutes for a 1.5B model, so it is converted once into a plain fp32 safetensors directory under
+``<cache_dir>/converted`` and every later start loads that directory in seconds.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+import specdec_core.loading.default_models as default_models
+from specdec_core.loading.model_errors import ModelLoadError
+from specdec_core.loading.progress_log import phase
+from specdec_core.loading.stale_partials import remove_stale_partials
+
+__all__ = ["LoadedModel", "ModelLoadError", "convert_gguf", "load_model", "remove_stale_partials",
+           "resolve_device", "resolve_dtype", "resolve_quantize"]
+
+logger = logging.getLogger(__name__)
+
+# Shards keep the peak memory of writing a 6 GB fp32 checkpoint to roughly one shard extra.
+_SHARD_BYTES = 2 << 30
+# "org/name" or "name": anything else that does not exist locally is reported as a missing path.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"auto"`` picks CUDA when present, else the CPU; asking for absent CUDA fails early."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} requested but CUDA is not available")
+    return resolved
+
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """``"auto"`` is bf16 on CUDA (halves memory traffic) and fp32 on CPU (bf16 GEMMs are slow there)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected auto or one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def resolve_quantize(quantize: str, device: torch.device, dtype: torch.dtype) -> str:
+    """``"auto"`` is int8 on the CPU in float32 (the fast mode there: a decode step of the 1.5B costs
+    54 ms against 200 ms in fp32 on the 2-core dev machine, and it is batch-invariant) and
+    ``"none"`` elsewhere; int8 off the CPU is refused."""
+    if quantize not in ("auto", "none", "int8"):
+        raise ValueError(f"unknown quantize {quantize!r}; expected 'auto', 'none' or 'int8'")
+    cpu_fp32 = device.type == "cpu" and dtype == torch.float32
+    if quantize == "auto":
+        return "int8" if cpu_fp32 else "none"
+    if quantize == "int8" and not cpu_fp32:
+        raise ModelLoadError(
+            f"quantize='int8' (per-row int8 through fbgemm) runs only on the CPU in float32, "
+            f"not on {device} in {dtype}; use quantize='none' there"
+        )
+    return quantize
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for inference (eval mode, on its device, no grads) with its tokenizer."""
+
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    name: str  # human name: dir name, hub id, GGUF stem, or the default model's name
+    path: Path  # the local HF directory actually loaded (the converted one for GGUF sources)
+
+
+def load_model(
+    source: str | os.PathLike[str] | None,
+    *,
+    role: str,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+    cache_dir: Path,
+    progress: bool = True,
+) -> LoadedModel:
+    """Load ``source`` (see module docstring) for ``role`` ("target"/"draft") onto ``device``.
+
+    The weights stay as stored; ``ModelRunner`` prepares them for the device and quantization
+    mode (``linear_kernels``).
+    """
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    path, name = _resolve_source(source, role, Path(cache_dir), progress)
+    with phase(logger, f"loading the {role} model {name} from {path} ({str(dt).removeprefix('torch.')}, {dev})"):
+        try:
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=dt, attn_implementation="sdpa", local_files_only=True, output_loading_info=True
+            )
+            _refuse_missing_weights(info, path)
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"could not load the {role} model from {path}: {exc}") from exc
+        model.to(dev)
+        model.eval()
+        model.requires_grad_(False)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=path)
+
+
+def _resolve_source(source: str | os.PathLike[str] | None, role: str, cache_dir: Path, progress: bool) -> tuple[Path, str]:
+    """Map a source argument to (local HF directory, human name), converting GGUF when needed."""
+    if source is None:
+        gguf = default_models.default_model_path(role, cache_dir, progress)
+        return convert_gguf(gguf, cache_dir), default_models.default_model(role).name
+    text = os.fspath(source)
+    path = Path(text).expanduser()
+    if text.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {path} does not exist")
+        return convert_gguf(path, cache_dir), path.stem
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} is not a Hugging Face model directory (no config.json)")
+        return path, path.resolve().name
+    if path.exists():
+        raise ModelLoadError(f"{path} is neither a model directory nor a .gguf file")
+    if not _HUB_ID.fullmatch(text):
+        raise ModelLoadError(f"model directory {path} does not exist")
+    return _cached_hub_snapshot(text), text
+
+
+def _refuse_missing_weights(info: dict[str, object], source: Path) -> None:
+    """transformers silently initialises absent weights at random; serving those would be garbage."""
+    missing = sorted(info.get("missing_keys") or [])  # type: ignore[call-overload]
+    if missing:
+        shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+        raise ModelLoadError(f"{source} lacks {len(missing)} weight tensors ({shown}); refusing random weights")
+
+
+def _cached_hub_snapshot(repo_id: str) -> Path:
+    """The local snapshot directory of ``repo_id``; specdec never downloads, whatever HF_HUB_OFFLINE says."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot = Path(snapshot_download(repo_id, local_files_only=True))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"{repo_id!r} is not a local directory and is not in the local Hugging Face cache; "
+            f"no download is attempted. Pass a local model directory or .gguf file, or populate the "
+            f"HF cache (HF_HOME) on a machine with hub access. ({exc})"
+        ) from exc
+    if not (snapshot / "config.json").is_file():
+        raise ModelLoadError(f"the cached snapshot {snapshot} of {repo_id!r} has no config.json")
+    return snapshot
+
+
+def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
+    """Return the converted safetensors dir for ``gguf``, converting it on first use.
+
+    The dir is keyed by the file's size and mtime, and is written under a temporary name and renamed
+    into place, so a directory with the final name is always a finished conversion.
+    """
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    root = cache_dir / "converted"
+    final = root / f"{gguf.stem}-{key}"
+    if final.is_dir():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(root)
+    tmp = root / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    # Routine on a first start, so info: a warning would suggest something is wrong.
+    with phase(logger, f"converting {gguf.name} to safetensors in {final} (once; later starts load it in seconds)"):
+        try:
+            _write_hf_dir(gguf, tmp)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not final.is_dir():  # otherwise a concurrent start finished the same conversion first
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _write_hf_dir(gguf: Path, out: Path) -> None:
+    """Dequantize ``gguf`` and write weights (fp32), config, generation config and tokenizer to ``out``.
+
+    ``save_pretrained`` refuses GGUF-loaded models ("not serializable"), so the weights are written
+    directly and the config is saved without its ``quantization_config``.
+    """
+    import transformers
+
+    with phase(logger, f"reading and dequantizing {gguf.name} ({gguf.stat().st_size / 1e9:.1f} GB) to float32"):
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True, output_loading_info=True
+        )
+    _refuse_missing_weights(info, gguf)
+    out.mkdir(parents=True)
+    _save_weights(model, out)
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    del model
+    with phase(logger, f"converting the tokenizer of {gguf.name}"):
+        AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
+    stat = gguf.stat()
+    provenance = {"source": str(gguf), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                  "transformers": transformers.__version__}
+    (out / "specdec_conversion.json").write_text(json.dumps(provenance, indent=1))
+
+
+def _save_weights(model: torch.nn.Module, out: Path) -> None:
+    """Write the state dict as (sharded) safetensors, dropping tied duplicates such as lm_head."""
+    from safetensors.torch import save_file
+
+    state = dict(model.state_dict())
+    tied: dict[str, str] = getattr(model, "all_tied_weights_keys", None) or {}
+    for dup, src in tied.items():  # the config keeps tie_word_embeddings, so loading re-ties them
+        if dup in state and src in state and state[dup].data_ptr() == state[src].data_ptr():
+            del state[dup]
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    seen: set[int] = set()
+    shard_bytes = 0
+    for name, tensor in state.items():
+        ptr = tensor.untyped_storage().data_ptr()
+        tensor = tensor.detach().clone() if ptr in seen else tensor.detach().contiguous()
+        seen.add(ptr)
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and shard_bytes + nbytes > _SHARD_BYTES:
+            shards.append({})
+            shard_bytes = 0
+        shards[-1][name] = tensor
+        shard_bytes += nbytes
+    total = sum(t.numel() * t.element_size() for shard in shards for t in shard.values())
+    written = 0
+    with phase(logger, f"writing {total / 1e9:.1f} GB of safetensors in {len(shards)} file(s)",
+               lambda: f"{written} / {len(shards)} files written"):
+        if len(shards) == 1:
+            save_file(shards[0], out / "model.safetensors", metadata={"format": "pt"})
+            return
+        weight_map: dict[str, str] = {}
+        for i, shard in enumerate(shards, start=1):
+            filename = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, out / filename, metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, filename))
+            written = i
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))

@@ -1,0 +1,224 @@
+"""How much to speculate this step: per request, which proposer and how many drafts (maybe none).
+
+The model. A request that verifies k drafts with per-token acceptance alpha commits on average
+``E(alpha, k) = 1 + alpha + ... + alpha^k`` tokens. A decode step of requests with drafts ``k_i``
+costs ``target(sum(1 + k_i)) + sum_j draft(#requests drafting a j-th token)`` (n-gram drafts cost
+no draft forward), from the measured ``StepCostModel``. The policy picks the ``k_i`` that maximise
+``sum E / cost``: committed tokens per second of the step. With one request and good proposals
+that is deep speculation; with many requests, where 16 x 5 tokens cost 4x 16 x 1, it is plain
+decoding, by itself.
+
+Exactness does not depend on any of this (every k is lossless). Reproducibility does: a seeded
+sampled request draws one uniform per draft and per verified position from its own generator,
+so its k must not depend on what else is running. Those requests get ``solo_k`` (their own
+history and the start-up costs only); everyone else gets the batch-level optimum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from specdec_core.speculation.cost_model import StepCostModel
+
+if TYPE_CHECKING:
+    from specdec_core.engine.request import Request
+    from specdec_core.engine.scheduler import ScheduledRequest
+
+Source = Literal["draft", "ngram"]
+ACCEPTANCE_DECAY = 0.8  # weight of a request's older verify passes in its acceptance estimate
+MAX_ALPHA = 0.98
+PROBE_INTERVAL = 32  # a request that never pays speculates one token every this many steps
+# Acceptance assumed before a request has any history: optimistic enough that a lone request
+# tries the draft model at once (break-even on the 2-core CPU is about 0.7) and learns its own
+# alpha in a few steps, rather than waiting for a probe.
+PRIOR = {"draft": 0.75, "ngram": 0.5}
+
+
+class AcceptanceEstimate:
+    """A request's per-token acceptance for one proposer, from its own verify passes.
+
+    Drafts are verified left to right and stop at the first rejection, so a pass that accepted
+    ``a`` of ``k`` drafts saw ``a`` successes in ``a + (a < k)`` trials; successes / trials is
+    the maximum-likelihood alpha. Older passes decay, so the estimate follows a request whose
+    text changes character (prose, then a code block).
+    """
+
+    def __init__(self, prior: float, weight: float = 2.0) -> None:
+        self.successes = prior * weight
+        self.trials = weight
+
+    @property
+    def alpha(self) -> float:
+        return min(self.successes / self.trials, MAX_ALPHA)
+
+    def update(self, accepted: int, proposed: int) -> None:
+        self.successes = ACCEPTANCE_DECAY * self.successes + accepted
+        self.trials = ACCEPTANCE_DECAY * self.trials + accepted + (1 if accepted < proposed else 0)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens one verify pass commits on average: the accepted drafts plus the target's own."""
+    return sum(alpha ** j for j in range(k + 1))
+
+
+@dataclass
+class _Choice:
+    item: ScheduledRequest
+    source: Source
+    alpha: float
+    cap: int
+    k: int = 0
+    fixed: bool = False
+
+    @property
+    def lag(self) -> int:
+        """Tokens the draft cache must catch up beyond the one every draft step feeds."""
+        r = self.item.request
+        return max(r.num_computed + self.item.num_new - r.draft_computed - 1, 0) if self.source == "draft" else 0
+
+    @property
+    def catch_up_rows(self) -> float:
+        """The catch-up's share charged to this step. It serves every later step that drafts, so
+        it is spread over the steps the request has left (its remaining tokens at E(alpha, cap)
+        per step); charging it whole to one step would keep a request that fell behind in a full
+        batch from ever drafting again once it runs alone."""
+        r = self.item.request
+        remaining = max(r.params.max_tokens - len(r.output_ids), 1)
+        return self.lag * min(1.0, expected_tokens(self.alpha, self.cap) / remaining)
+
+
+class SpeculationPolicy:
+    """Sets ``num_drafts`` and ``lookup`` on the decoding items of a scheduled step."""
+
+    def __init__(self, method: str, costs: StepCostModel, adaptive: bool, max_model_len: int,
+                 lookup) -> None:
+        """``lookup(request, k)`` returns up to k n-gram tokens from the request's own text (for
+        the 'ngram' and 'auto' methods)."""
+        self.method = method
+        self.costs = costs
+        self.adaptive = adaptive
+        self.max_model_len = max_model_len
+        self.lookup = lookup
+
+    def plan(self, items: list[ScheduledRequest]) -> None:
+        choices = [c for c in (self._choice(it) for it in items) if c is not None]
+        if not choices:
+            return
+        free = []
+        for c in choices:
+            if not self.adaptive:
+                c.k = c.cap
+            elif is_seeded(c.item.request):
+                c.k, c.fixed = self.solo_k(c.item.request, c.source, c.alpha, c.cap), True
+            else:
+                free.append(c)
+        if free:
+            self._optimise(choices, free)
+        for c in choices:
+            req = c.item.request
+            if c.k == 0 and self.adaptive and not c.fixed and self._probe_due(req, c.source, c.alpha, c.cap):
+                c.k = 1
+            c.item.num_drafts = c.k
+            c.item.source = c.source if c.k else None
+            if c.source == "ngram" and c.k:
+                c.item.lookup = c.item.lookup[: c.k]
+
+    # ------------------------------------------------------------------ one request
+
+    def _choice(self, item: ScheduledRequest) -> _Choice | None:
+        req = item.request
+        if not item.completes or self.method == "none":
+            return None
+        cap = min(req.max_spec_tokens, req.params.max_tokens - len(req.output_ids),
+                  self.max_model_len - req.num_tokens)
+        if cap <= 0:
+            return None
+        options: list[tuple[Source, int]] = []
+        if self.method in ("ngram", "auto"):
+            # Prompt tokens not yet prefilled are unknown to the lookup only if the item is a
+            # chunk; a completing item has every known token, so the lookup sees the full text.
+            found = self.lookup(req, cap)
+            if found:
+                item.lookup = found
+                options.append(("ngram", len(found)))
+        if self.method in ("draft", "auto"):
+            options.append(("draft", cap))
+        if not options:
+            return None
+        if len(options) == 1:
+            source, cap = options[0]
+        else:  # auto with a match: the proposer that pays more for this request alone
+            source, cap = max(options, key=lambda o: self._solo_value(o[0], req.acceptance[o[0]].alpha, o[1]))
+        if source != "ngram":
+            item.lookup = None
+        return _Choice(item, source, req.acceptance[source].alpha, cap)
+
+    def solo_k(self, req: Request, source: Source, alpha: float, cap: int) -> int:
+        """k from the request's own history and the start-up costs: independent of the batch."""
+        k = self._solo_best(source, alpha, cap)
+        if k == 0 and self._probe_due(req, source, alpha, cap):
+            return 1
+        return k
+
+    def _solo_value(self, source: Source, alpha: float, cap: int) -> float:
+        return self._solo_rate(source, alpha, self._solo_best(source, alpha, cap))
+
+    def _solo_best(self, source: Source, alpha: float, cap: int) -> int:
+        return max(range(cap + 1), key=lambda k: self._solo_rate(source, alpha, k))
+
+    def _solo_rate(self, source: Source, alpha: float, k: int) -> float:
+        draft = k * self.costs.draft(1, frozen=True) if source == "draft" else 0.0
+        return expected_tokens(alpha, k) / (self.costs.target(1 + k, frozen=True) + draft)
+
+    def _probe_due(self, req: Request, source: Source, alpha: float, cap: int) -> bool:
+        """A request speculation does not pay for keeps learning: one draft every
+        ``PROBE_INTERVAL`` of its verify passes, only while even alone it would choose none."""
+        return (req.stats.verify_steps % PROBE_INTERVAL == PROBE_INTERVAL - 1
+                and self._solo_best(source, alpha, cap) == 0)
+
+    # ------------------------------------------------------------------ the batch
+
+    def _optimise(self, choices: list[_Choice], free: list[_Choice]) -> None:
+        """Best ``k`` for the free choices, the fixed ones as given: a sweep of one common depth,
+        then single-request moves while any improves the step's tokens per second."""
+        best_rate = self._rate(choices)
+        best_ks = [c.k for c in free]
+        for depth in range(1, max(c.cap for c in free) + 1):
+            for c in free:
+                c.k = min(depth, c.cap)
+            rate = self._rate(choices)
+            if rate > best_rate:
+                best_rate, best_ks = rate, [c.k for c in free]
+        for c, k in zip(free, best_ks):
+            c.k = k
+        for _ in range(2):
+            improved = False
+            for c in free:
+                for step in (1, -1):
+                    k = c.k + step
+                    if not 0 <= k <= c.cap:
+                        continue
+                    old, c.k = c.k, k
+                    rate = self._rate(choices)
+                    if rate > best_rate * (1 + 1e-9):
+                        best_rate, improved = rate, True
+                        break
+                    c.k = old
+            if not improved:
+                break
+
+    def _rate(self, choices: list[_Choice]) -> float:
+        tokens = sum(expected_tokens(c.alpha, c.k) for c in choices)
+        seconds = self.costs.target(sum(1 + c.k for c in choices))
+        depth = max((c.k for c in choices if c.source == "draft"), default=0)
+        for j in range(1, depth + 1):
+            # The first draft forward also catches up lagging draft caches (counted as rows).
+            rows = sum(1 + (c.catch_up_rows if j == 1 else 0) for c in choices if c.source == "draft" and c.k >= j)
+            seconds += self.costs.draft(rows)
+        return tokens / seconds if seconds > 0 else 0.0
+
+
+def is_seeded(req: Request) -> bool:
+    """A sampled request with its own seed: its draws must not depend on the batch."""
+    return req.params.seed is not None and not req.params.greedy
