@@ -13,7 +13,10 @@ from server_helpers import ServerProcess
 from server.http.errors import APIError
 from server.openai.openapi import REF, openapi_document
 from server.openai.parsing import parse_body
-from server.openai.schemas import SEED_MAX, SEED_MIN, ChatCompletionRequest, CompletionRequest
+from server.openai.schemas.base import SEED_MAX, SEED_MIN
+from server.openai.schemas.chat import ChatCompletionRequest
+from server.openai.schemas.completions import CompletionRequest
+from server.generation.prompts import template_messages
 
 P = {"prompt": "Hello"}
 M = {"messages": [{"role": "user", "content": "Hello"}]}
@@ -118,7 +121,7 @@ def test_chat_content_parts_are_joined_and_developer_is_system() -> None:
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "name": "x"},
     ]}
     req = parse_body(ChatCompletionRequest, json.dumps(body).encode())
-    assert req.template_messages() == [
+    assert template_messages(req.messages) == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "ab", "name": "x"},
     ]

@@ -15,7 +15,13 @@ import pytest
 from server_helpers import ServerProcess
 
 from server.generation.prompts import render_chat
-from server.tools.parser import ToolCallParser, call_grammar, has_marker_tokens, parse_tool_calls
+from server.tools.calls import parse_all
+from server.tools.hermes import ToolCallParser, call_grammar, has_marker_tokens
+
+
+def parse_tool_calls(text: str, tools: set[str], max_calls: int | None = None):
+    return parse_all(ToolCallParser(tools, max_calls), text)
+
 
 MODEL = "tiny"
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Tokyo", "Lima"]},
@@ -110,7 +116,11 @@ def test_the_chat_renderer_keeps_one_call_and_opens_tool_streams_with_null_conte
     from server.openai.renderers import ChatRenderer
     from server.openai.bodies import TokenText
 
-    renderer = ChatRenderer(TokenText(smol_tok), False, set(SCHEMAS), max_calls=1)
+    from server.tools.schema import Tool
+    from server.tools.tool_use import ToolUse
+
+    tool_use = ToolUse.from_request([Tool.model_validate(t) for t in TOOLS], "auto", False, smol_tok)
+    renderer = ChatRenderer(TokenText(smol_tok), False, tool_use)
     assert renderer.opening([0]) == [[{"index": 0, "delta": {"role": "assistant", "content": None},
                                        "logprobs": None, "finish_reason": None}]]
     assert ChatRenderer(TokenText(smol_tok), False).opening([0])[0][0]["delta"]["content"] == ""
@@ -183,14 +193,22 @@ def test_the_call_grammar_accepts_exactly_valid_calls(which: str, request: pytes
 
 # ------------------------------------------------------------------------------------------ prompts
 
+def _render_with_tools(tokenizer, messages: list[dict]) -> list[int]:
+    from server.tools.schema import Tool
+    from server.tools.tool_use import ToolUse
+
+    tool_use = ToolUse.from_request([Tool.model_validate(t) for t in TOOLS], "auto", True, tokenizer)
+    messages, template_kwargs = tool_use.prompt_messages(messages)
+    return render_chat(tokenizer, messages, template_kwargs=template_kwargs, special_tokens_in_content=False)
+
+
 def test_a_template_without_tools_gets_the_fallback_prompt(smol_tok) -> None:
     history = MESSAGES + [
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": {"city": "Tokyo", "utc": False}}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "09:00"},
     ]
-    text = smol_tok.decode(render_chat(smol_tok, history, tools=[t["function"] for t in TOOLS],
-                                       special_tokens_in_content=False))
+    text = smol_tok.decode(_render_with_tools(smol_tok, history))
     assert '"name": "get_weather"' in text and "<tool_call>" in text  # tools and format, in a system turn
     assert '{"name": "get_time", "arguments": {"city": "Tokyo", "utc": false}}' in text  # the past call
     assert "<tool_response>\n09:00\n</tool_response>" in text  # the result
@@ -202,7 +220,7 @@ def test_a_template_that_takes_tools_renders_them_itself(smol_tokenizer_dir: Pat
     tok = AutoTokenizer.from_pretrained(smol_tokenizer_dir)
     tok.chat_template = ("{% for t in tools %}TOOL {{ t.function.name }}\n{% endfor %}"
                          "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
-    text = tok.decode(render_chat(tok, MESSAGES, tools=[t["function"] for t in TOOLS], special_tokens_in_content=False))
+    text = tok.decode(_render_with_tools(tok, MESSAGES))
     assert text.startswith("TOOL get_weather\nTOOL get_time\nuser:")
 
 

@@ -12,10 +12,11 @@ tokenizer releases the GIL while it encodes. Prompt sizes are bounded before thi
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from server.http.errors import invalid_request
-from server.tools.parser import fallback_messages, template_takes_tools
+from server.openai.schemas.chat import ChatMessage
 
 
 def tokenize_prompts(tokenizer: Any, prompts: list[str | list[int]], vocab_size: int) -> list[list[int]]:
@@ -41,15 +42,35 @@ def tokenize_prompt(tokenizer: Any, prompt: str | list[int], vocab_size: int, pa
     return ids
 
 
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The messages as chat templates expect them: ``developer`` is OpenAI's new ``system``,
+    and a past call's arguments are an object, not OpenAI's JSON text (templates serialize
+    them themselves)."""
+    out = []
+    for msg in messages:
+        entry: dict[str, Any] = {"role": "system" if msg.role == "developer" else msg.role, "content": msg.text}
+        if msg.name is not None:
+            entry["name"] = msg.name
+        if msg.tool_calls:
+            entry["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name, "arguments": json.loads(c.function.arguments)}}
+                for c in msg.tool_calls
+            ]
+        if msg.tool_call_id is not None:
+            entry["tool_call_id"] = msg.tool_call_id
+        out.append(entry)
+    return out
+
+
 def render_chat(
     tokenizer: Any, messages: list[dict[str, Any]], *, special_tokens_in_content: bool,
-    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of the chat template applied to ``messages``, ready for the assistant's reply.
 
-    ``tools`` (function definitions) go through the template where it takes them (Qwen2.5's
-    does); otherwise ``server.tools.parser.fallback_messages`` describes them, and past calls and
-    tool results, in plain messages.
+    Tools reach the prompt through ``messages`` and ``template_kwargs`` as the request's
+    ``server.tools.ToolUse.prompt_messages`` made them.
 
     The rendered text already contains the template's special tokens, so it is encoded without
     adding more (a second BOS would change what the model sees). Special-token text inside the
@@ -62,16 +83,10 @@ def render_chat(
         raise invalid_request(
             "This model has no chat template; use /v1/completions with a plain prompt.", "messages", code="no_chat_template"
         )
-    uses_tools = bool(tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
-    extra: dict[str, Any] = {}
-    if uses_tools and template_takes_tools(tokenizer):
-        extra["tools"] = [{"type": "function", "function": t} for t in tools or []] or None
-    elif uses_tools:
-        messages = fallback_messages(messages, tools or [])
     try:
         ids = tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=False,
-            sanitize_control_tokens=not special_tokens_in_content, **extra,
+            sanitize_control_tokens=not special_tokens_in_content, **(template_kwargs or {}),
         )
     except Exception as exc:  # jinja2 TemplateError / raise_exception() inside the template
         raise invalid_request(f"The model's chat template rejected these messages: {exc}", "messages") from None

@@ -13,7 +13,8 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from server import __version__
-from server.openai.schemas import ChatCompletionRequest, CompletionRequest
+from server.openai.schemas.chat import ChatCompletionRequest
+from server.openai.schemas.completions import CompletionRequest
 
 REF = "#/components/schemas/{model}"
 

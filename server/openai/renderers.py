@@ -14,7 +14,8 @@ from typing import Any, Protocol
 
 from server.generation.submission import Choice
 from server.openai.bodies import CompletionLogprobs, TokenText, chat_logprobs
-from server.tools.parser import ToolCallParser, parse_tool_calls
+from server.tools.calls import CallParser, ToolCall
+from server.tools.tool_use import ToolUse
 from specdec_core.engine.outputs import TokenLogprob
 
 
@@ -99,19 +100,17 @@ class ChatRenderer:
     """``/v1/chat/completions``: ``chat.completion`` bodies, ``chat.completion.chunk`` deltas.
 
     A stream opens with one chunk giving every choice its ``assistant`` role, as OpenAI does.
-    With ``tools`` (the declared function names), tool calls are parsed out of the text
-    (``server.tools.parser``): content streams as it arrives, each call is sent as a
-    ``delta.tool_calls`` entry once its block is complete, and a choice that called a tool ends
-    with ``finish_reason: "tool_calls"``. ``max_calls`` is 1 under ``parallel_tool_calls: false``.
-    With tools the opening ``content`` is null, so a stream that only calls tools assembles into
-    the message a non-streamed answer gives (``content: null``), as with OpenAI.
+    With ``tools`` (the request's ``ToolUse`` when it offers any), tool calls are parsed out of
+    the text: content streams as it arrives, each call is sent as a ``delta.tool_calls`` entry
+    once its block is complete, and a choice that called a tool ends with ``finish_reason:
+    "tool_calls"``. With tools the opening ``content`` is null, so a stream that only calls tools
+    assembles into the message a non-streamed answer gives (``content: null``), as with OpenAI.
     """
 
     token_text: TokenText
     logprobs: bool
-    tools: set[str] = field(default_factory=set)
-    max_calls: int | None = None
-    _parsers: dict[int, ToolCallParser] = field(default_factory=dict, init=False, repr=False)
+    tools: ToolUse | None = None
+    _parsers: dict[int, CallParser] = field(default_factory=dict, init=False, repr=False)
 
     def object_name(self, *, chunk: bool) -> str:
         return "chat.completion.chunk" if chunk else "chat.completion"
@@ -128,8 +127,7 @@ class ChatRenderer:
             first = parser.num_calls
             content, calls = parser.feed(text)
             delta = {"content": content} if content or not calls else {}
-            if calls:
-                delta["tool_calls"] = [call.to_openai(first + i) for i, call in enumerate(calls)]
+            delta.update(_call_deltas(calls, first))
         if not delta.get("content") and "tool_calls" not in delta and piece is None:
             return None
         return chat_chunk_choice(index, delta, None, piece)
@@ -141,17 +139,16 @@ class ChatRenderer:
         first = parser.num_calls
         rest, calls = parser.finish()  # a held-back bare call, or content after all
         delta: dict[str, Any] = {"content": rest} if rest else {}
-        if calls:
-            delta["tool_calls"] = [call.to_openai(first + i) for i, call in enumerate(calls)]
+        delta.update(_call_deltas(calls, first))
         return chat_chunk_choice(index, delta, _finish_reason(finish_reason, parser.num_calls))
 
     def choice(self, choice: Choice) -> dict[str, Any]:
         logprobs = chat_logprobs(self.token_text, choice.logprobs) if self.logprobs else None
         text = "".join(choice.text)
         message: dict[str, Any] = {"role": "assistant", "content": text}
-        calls = []
+        calls: list[ToolCall] = []
         if self.tools:
-            message["content"], calls = parse_tool_calls(text, self.tools, self.max_calls)
+            message["content"], calls = self.tools.parse(text)
             if calls:
                 message["tool_calls"] = [call.to_openai() for call in calls]
         return {
@@ -161,10 +158,16 @@ class ChatRenderer:
             "finish_reason": _finish_reason(choice.finish_reason, len(calls)),
         }
 
-    def _parser(self, index: int) -> ToolCallParser:
+    def _parser(self, index: int) -> CallParser:
+        assert self.tools is not None
         if index not in self._parsers:
-            self._parsers[index] = ToolCallParser(self.tools, self.max_calls)
+            self._parsers[index] = self.tools.parser()
         return self._parsers[index]
+
+
+def _call_deltas(calls: list[ToolCall], first: int) -> dict[str, Any]:
+    """The ``tool_calls`` entry of a delta; calls are numbered across the whole choice."""
+    return {"tool_calls": [call.to_openai(first + i) for i, call in enumerate(calls)]} if calls else {}
 
 
 def _finish_reason(engine_reason: str | None, num_calls: int) -> str | None:

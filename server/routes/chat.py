@@ -14,12 +14,12 @@ from starlette.responses import Response
 
 from server.generation.submission import Job
 from server.generation.response import generate
-from server.generation.prompts import render_chat, resolve_max_tokens
+from server.generation.prompts import render_chat, resolve_max_tokens, template_messages
 from server.openai.renderers import ChatRenderer
 from server.openai.bodies import TokenText
 from server.routes.common import check_model, check_structured, read_request, server_state
-from server.openai.schemas import ChatCompletionRequest
-from server.tools.parser import forced_calls
+from server.openai.schemas.chat import ChatCompletionRequest
+from server.tools.tool_use import ToolUse
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -30,9 +30,10 @@ async def create_chat_completion(request: Request) -> Response:
     model = check_model(state, req.model)
     tokenizer = engine.tokenizer
 
-    tools = req.offered_tools
+    tool_use = ToolUse.from_request(req.tools, req.tool_choice, req.parallel_tool_calls, tokenizer)
+    messages, template_kwargs = tool_use.prompt_messages(template_messages(req.messages))
     prompt_ids = await asyncio.to_thread(
-        render_chat, tokenizer, req.template_messages(), tools=tools,
+        render_chat, tokenizer, messages, template_kwargs=template_kwargs,
         special_tokens_in_content=state.settings.allow_special_tokens_in_content,
     )
     budget = resolve_max_tokens(
@@ -40,12 +41,12 @@ async def create_chat_completion(request: Request) -> Response:
     )
     req.check_engine_limits(engine.vocab_size, budget)
     structured, param = req.structured_output, "response_format"
-    if req.forced_tools:  # "required" or a named function: decode under the call grammar
-        structured, param = forced_calls(tools, req.forced_tools, req.parallel_calls_allowed, tokenizer), "tool_choice"
+    if tool_use.forced:  # "required" or a named function: decode under the call grammar
+        structured, param = tool_use.constraint(), "tool_choice"
     await check_structured(engine, structured, param)
     jobs = [Job(i, prompt_ids, req.to_sampling_params(budget, i, structured), counts_prompt=i == 0) for i in range(req.n)]
 
-    renderer = ChatRenderer(TokenText(tokenizer), req.num_logprobs is not None, {t["name"] for t in tools}, req.max_tool_calls)
+    renderer = ChatRenderer(TokenText(tokenizer), req.num_logprobs is not None, tool_use if tool_use.offered else None)
     return await generate(
         request, state, engine, jobs, renderer, endpoint="chat.completions", id_prefix="chatcmpl", model=model,
         stream=req.stream, include_usage=req.include_usage, arrival=arrival,

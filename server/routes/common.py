@@ -14,7 +14,7 @@ from server.generation.engine_host import EngineLike
 from server.http.errors import APIError, invalid_request
 from server.openai.parsing import parse_body
 from server.http.request_log import request_id, request_log
-from server.openai.schemas import Schema
+from server.openai.schemas.base import Schema
 from server.settings import ServerSettings
 from server.state import ServerState
 

@@ -18,7 +18,7 @@ from server.generation.prompts import resolve_max_tokens, tokenize_prompts
 from server.openai.renderers import CompletionRenderer
 from server.openai.bodies import TokenText
 from server.routes.common import check_model, check_structured, read_request, server_state
-from server.openai.schemas import CompletionRequest
+from server.openai.schemas.completions import CompletionRequest
 
 
 async def create_completion(request: Request) -> Response:

@@ -1,4 +1,4 @@
-"""Tool calls in the Hermes / Qwen2.5 format: how tools reach the prompt, how ``tool_choice``
+"""The Hermes / Qwen2.5 tool-call format: how tools reach the prompt, how ``tool_choice``
 constrains decoding, and how the model's text becomes ``message.tool_calls``.
 
 The model calls a tool by writing, one block per call::
@@ -19,24 +19,12 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
+from server.tools.calls import ToolCall
 from specdec_core.decoding.structured_output import StructuredOutput
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: str  # JSON text of an object, as OpenAI sends it
-    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
-
-    def to_openai(self, index: int | None = None) -> dict[str, Any]:
-        call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-        return call if index is None else {"index": index, **call}
 
 
 def parse_call(body: str, tools: set[str]) -> ToolCall | None:
@@ -56,17 +44,6 @@ def parse_call(body: str, tools: set[str]) -> ToolCall | None:
     if not isinstance(arguments, dict):
         return None
     return ToolCall(obj["name"], json.dumps(arguments, ensure_ascii=False))
-
-
-def parse_tool_calls(text: str, tools: set[str], max_calls: int | None = None) -> tuple[str | None, list[ToolCall]]:
-    """Content and calls of a finished output (content is None when only calls were made)."""
-    parser = ToolCallParser(tools, max_calls)
-    content, calls = parser.feed(text)
-    rest, more = parser.finish()
-    content, calls = content + rest, calls + more
-    if calls:
-        return content.strip() or None, calls
-    return content, []
 
 
 class ToolCallParser:
@@ -134,7 +111,7 @@ class ToolCallParser:
     def finish(self) -> tuple[str, list[ToolCall]]:
         """What is left when the output ends: a held-back bare call, or content (held-back or
         unclosed text; without the whitespace around it once a call was made, as in
-        ``parse_tool_calls``)."""
+        ``calls.parse_all``)."""
         if self._bare is not None:
             bare, self._bare = self._bare, None
             match = BARE_CALL.fullmatch(bare)
@@ -193,11 +170,6 @@ def call_grammar(tools: list[dict[str, Any]], names: list[str], parallel: bool, 
     return f'start: {calls} "\\n"?\n{call}\n'
 
 
-def forced_calls(tools: list[dict[str, Any]], names: list[str], parallel: bool, tokenizer: Any) -> StructuredOutput:
-    """The constraint of ``tool_choice`` ``required`` (any of ``names``) or a named function."""
-    return StructuredOutput(lark=call_grammar(tools, names, parallel, has_marker_tokens(tokenizer)))
-
-
 def has_marker_tokens(tokenizer: Any) -> bool:
     """Whether ``<tool_call>`` and ``</tool_call>`` are single tokens of this tokenizer."""
     ids = [tokenizer.convert_tokens_to_ids(m) for m in (OPEN, CLOSE)]
@@ -244,3 +216,22 @@ def fallback_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]
         else:
             out.insert(0, {"role": "system", "content": prompt})
     return out
+
+
+class HermesFormat:
+    """The ``ToolCallFormat`` of Qwen2.5, Hermes and most chat models trained on their data."""
+
+    name = "hermes"
+
+    def prompt_messages(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], tokenizer: Any
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        if template_takes_tools(tokenizer):
+            return messages, {"tools": [{"type": "function", "function": t} for t in tools] or None}
+        return fallback_messages(messages, tools), {}
+
+    def grammar(self, tools: list[dict[str, Any]], names: list[str], parallel: bool, tokenizer: Any) -> StructuredOutput:
+        return StructuredOutput(lark=call_grammar(tools, names, parallel, has_marker_tokens(tokenizer)))
+
+    def parser(self, tools: set[str], max_calls: int | None) -> ToolCallParser:
+        return ToolCallParser(tools, max_calls)

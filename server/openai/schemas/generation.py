@@ -1,0 +1,238 @@
+"""The fields both generation endpoints share, and the one way from a request to ``SamplingParams``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, PlainValidator, ValidationInfo, field_validator, model_validator
+
+import server.openai.limits as limits
+from server.http.errors import invalid_request
+from server.openai.schemas.base import (
+    INT64_MAX, MAX_LOGIT_BIAS, MAX_N, SEED_MAX, SEED_MIN, NonEmptyList, NonEmptyStr, Schema, TokenId, TokenIds, invalid,
+)
+from specdec_core.decoding.sampling_params import SamplingParams
+from specdec_core.decoding.structured_output import StructuredOutput
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _prompts(value: Any, info: ValidationInfo) -> list[str | list[int]]:
+    """``prompt`` under the server's limits (``server.openai.limits``): the number of sequences is checked
+    before any prompt is looked at, the characters of text before anything is tokenized."""
+    settings = limits.settings_of(info)
+    if settings is not None:
+        # One array of token ids is one prompt; any other array holds one prompt per item.
+        count = len(value) if isinstance(value, list) and value and not _is_int(value[0]) else 1
+        limits.check_sequences(count, info.data.get("n", 1), settings)
+    prompts = _prompt_forms(value)
+    if settings is not None:
+        limits.check_prompt_chars(sum(len(p) for p in prompts if isinstance(p, str)), settings)
+    return prompts
+
+
+def _prompt_forms(value: Any) -> list[str | list[int]]:
+    """OpenAI's four prompt forms, as a list of prompts (each text or token ids). Every problem
+    is reported against ``prompt`` as a whole: which form was meant is a guess."""
+    forms = "must be a string, an array of strings, an array of token ids, or an array of arrays of token ids."
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise invalid(forms)
+    if not value:
+        raise invalid("must not be empty.")
+    if all(isinstance(p, str) for p in value):
+        return list(value)
+    if all(_is_int(t) for t in value):
+        return [list(value)]
+    if all(isinstance(p, list) for p in value):
+        if not all(p and all(_is_int(t) for t in p) for p in value):
+            raise invalid("must hold non-empty arrays of integer token ids.")
+        return [list(p) for p in value]
+    raise invalid(forms)
+
+
+def _stops(value: Any, info: ValidationInfo) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise invalid("must be a string or an array of strings.")
+    if "" in items:
+        raise invalid("strings must not be empty.")
+    settings = limits.settings_of(info)
+    if settings is not None:
+        limits.check_stop_strings(items, settings)
+    return list(items)
+
+
+Prompts = Annotated[
+    list[str | list[int]],
+    PlainValidator(_prompts, json_schema_input_type=str | NonEmptyList[str] | TokenIds | NonEmptyList[TokenIds]),
+]
+Stops = Annotated[list[str], PlainValidator(_stops, json_schema_input_type=NonEmptyStr | list[NonEmptyStr])]
+
+
+class StreamOptions(Schema):
+    """Options of a streamed response (only with "stream": true)."""
+
+    include_usage: bool = Field(False, description="Send a last chunk with the usage of the whole request.")
+
+
+class JsonSchemaFormat(Schema):
+    """OpenAI's ``response_format.json_schema``: a named JSON schema the output must match."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    # "schema" would shadow a pydantic BaseModel attribute: stored as json_schema, sent as "schema".
+    json_schema: dict[str, Any] = Field(alias="schema")
+    # Output is always constrained to the schema; strict only says the client expects it to be.
+    strict: bool | None = None
+
+
+class ResponseFormat(Schema):
+    """``text`` (unconstrained), ``json_object`` (any JSON object) or ``json_schema``. The JSON
+    formats constrain decoding with a grammar (``specdec_core.decoding.grammar``), under speculation too."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise invalid("needs 'json_schema' when 'type' is \"json_schema\".")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise invalid("'json_schema' is only allowed when 'type' is \"json_schema\".")
+        return self
+
+    @property
+    def structured(self) -> StructuredOutput | None:
+        if self.type == "json_object":
+            return StructuredOutput(json_object=True)
+        if self.type == "json_schema":
+            return StructuredOutput(json_schema=self.json_schema.json_schema)  # type: ignore[union-attr]
+        return None
+
+
+class GenerationRequest(Schema):
+    """Fields both endpoints share, and the one way to engine ``SamplingParams``."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Stops = []
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    user: str | None = None  # accepted; only meaningful to OpenAI's abuse monitoring
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] = Field(
+        {}, max_length=MAX_LOGIT_BIAS, description="Token id (as a string) -> value added to its logit, in [-100, 100].",
+        json_schema_extra={"propertyNames": {"pattern": "^[0-9]{1,19}$"}},
+    )
+    min_tokens: int = Field(0, ge=0, le=INT64_MAX, description="EOS and stop_token_ids are masked until this many tokens.")
+    response_format: ResponseFormat = Field(
+        ResponseFormat(type="text"), description="json_object / json_schema: decoding is constrained to match."
+    )
+    # extensions
+    top_k: int = Field(0, ge=-1, le=INT64_MAX, description="Sample from the k most likely tokens; 0 or -1: off.")
+    speculative: bool = Field(True, description="false: no speculation for this request.")
+    num_speculative_tokens: int | None = Field(
+        None, ge=0, le=INT64_MAX, description="Caps the draft length k for this request; 0: no speculation."
+    )
+    ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence tokens.")
+    stop_token_ids: list[TokenId] = Field([], description="Token ids that end a choice (not included in it).")
+
+    @field_validator("n")
+    @classmethod
+    def _n_within_limit(cls, value: int, info: ValidationInfo) -> int:
+        settings = limits.settings_of(info)
+        if settings is not None:
+            limits.check_sequences(1, value, settings)
+        return value
+
+    @field_validator("stop_token_ids", mode="before")
+    @classmethod
+    def _stop_ids_within_limit(cls, value: Any, info: ValidationInfo) -> Any:
+        settings = limits.settings_of(info)
+        if settings is not None and isinstance(value, list):  # counted before the ids are validated
+            limits.check_count(len(value), settings.max_stop_token_ids, "max_stop_token_ids", "token ids")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, value: dict[str, float]) -> dict[str, float]:
+        for key in value:
+            if not (key.isascii() and key.isdigit() and len(key) <= 19):
+                raise invalid("keys must be token ids written as decimal strings, got {key}.", key=key[:40])
+        return value
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, value: StreamOptions, info: ValidationInfo) -> StreamOptions:
+        if info.data.get("stream") is not True:
+            raise invalid("is only allowed when 'stream' is true.")
+        return value
+
+    @field_validator("num_speculative_tokens")
+    @classmethod
+    def _agrees_with_speculative(cls, value: int, info: ValidationInfo) -> int:
+        if value > 0 and info.data.get("speculative") is False:
+            raise invalid("> 0 contradicts 'speculative': false.")
+        return value
+
+    def check_engine_limits(self, vocab_size: int, max_tokens: int) -> None:
+        """What the schema cannot know: the vocabulary and the completion budget (400 if broken)."""
+        bad = [key for key in self.logit_bias if int(key) >= vocab_size]
+        if bad:
+            raise invalid_request(
+                f"'logit_bias' has token id {bad[0]}, outside the vocabulary (valid ids: 0 <= id < {vocab_size}).",
+                "logit_bias", code="invalid_token_id")
+        if self.min_tokens > max_tokens:
+            raise invalid_request(
+                f"'min_tokens' ({self.min_tokens}) is more than the completion may have ({max_tokens} tokens).", "min_tokens")
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Top alternatives the engine reports per token; None: no log-probabilities at all."""
+        raise NotImplementedError
+
+    @property
+    def structured_output(self) -> StructuredOutput | None:
+        """What decoding is constrained to, if anything."""
+        return self.response_format.structured
+
+    def to_sampling_params(
+        self, max_tokens: int, choice: int, structured: StructuredOutput | None = None
+    ) -> SamplingParams:
+        """Engine parameters for one choice; choice i of a seeded request uses seed + i (wrapping
+        within int64), so choices differ from each other yet the request stays reproducible.
+        ``structured``: the constraint to decode under (default: the ``response_format``'s)."""
+        seed = None
+        if self.seed is not None:
+            seed = (self.seed + choice - SEED_MIN) % 2**64 + SEED_MIN
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=max(self.top_k, 0),
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            seed=seed,
+            stop=list(self.stop),
+            stop_token_ids=list(self.stop_token_ids),
+            ignore_eos=self.ignore_eos,
+            logprobs=self.num_logprobs,
+            num_speculative_tokens=self.num_speculative_tokens if self.speculative else 0,
+            logit_bias={int(key): value for key, value in self.logit_bias.items()},
+            min_tokens=self.min_tokens,
+            structured=structured if structured is not None else self.structured_output,
+        )
+
+
