@@ -198,8 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_args(args)
     if args.command == "serve-ray":
         try:
-            from server.ray_serve import RayScaling, serve_ray
             import ray  # noqa: F401 - only to say clearly what is missing
+
+            from server.ray_serve import RayScaling, serve_ray
         except ImportError:
             raise SystemExit("specdec serve-ray: error: Ray Serve is not installed; pip install 'specdec[ray]'") from None
         if args.min_replicas > args.max_replicas:

@@ -26,15 +26,19 @@ _EXPORTS = {
     "SamplingParams": "decoding.sampling_params",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AsyncEngine", "Completion", "Engine", "EngineConfig", "EngineDeadError", "EngineMetrics", "RequestOutput",
+    "RequestStats", "RequestStream", "SamplingParams", "TokenLogprob",
+]
+assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from specdec_core.decoding.sampling_params import SamplingParams
     from specdec_core.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
     from specdec_core.engine.config import EngineConfig
     from specdec_core.engine.engine import Completion, Engine
-    from specdec_core.engine.stats import EngineMetrics
     from specdec_core.engine.outputs import RequestOutput, RequestStats, TokenLogprob
-    from specdec_core.decoding.sampling_params import SamplingParams
+    from specdec_core.engine.stats import EngineMetrics
 
 
 def __getattr__(name: str) -> Any:

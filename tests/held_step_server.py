@@ -6,7 +6,9 @@ them is in the product:
 
 - ``HELD_STEP_AFTER=N``: once N engine requests have received tokens, the next ``Engine.step``
   holds, busy in torch like a long prefill, until the line ``release`` arrives on stdin;
-- ``HELD_LOAD=1``: loading a model holds the same way and is never released.
+- ``HELD_LOAD=1``: loading a model holds the same way and is never released;
+- ``FAULT_MARKER=<text>``: every request whose prompt mentions the text fails while being
+  committed (``fault_hooks.py``), to prove that one request's failure leaves the others running.
 
 Each hook says where it is on stdout (the server log): ``held-step: holding``,
 ``held-step: released``, ``held-load: holding``.
@@ -22,10 +24,12 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
 import specdec_core.engine.engine as engine_module  # noqa: E402
+from fault_hooks import fail_requests_mentioning  # noqa: E402
 import specdec_core.loading.loader as loader  # noqa: E402
 
 _released = threading.Event()
@@ -73,6 +77,8 @@ def main() -> int:
         _hold_step_after(int(os.environ["HELD_STEP_AFTER"]))
     if os.environ.get("HELD_LOAD"):
         _hold_load()
+    if os.environ.get("FAULT_MARKER"):
+        fail_requests_mentioning(os.environ["FAULT_MARKER"])
     threading.Thread(target=_read_commands, name="held-step-commands", daemon=True).start()
     from server.cli import main as cli_main
 

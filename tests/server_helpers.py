@@ -143,10 +143,12 @@ class ServerProcess:
 _SHARED: dict[str, ServerProcess] = {}
 
 
-def shared_server(name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> ServerProcess:
+def shared_server(
+    name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None, entry: list[str] | None = None,
+) -> ServerProcess:
     srv = _SHARED.get(name)
     if srv is None or srv.proc.poll() is not None:
-        srv = ServerProcess(args, log_dir / f"{name}.log", env=env)
+        srv = ServerProcess(args, log_dir / f"{name}.log", env=env, entry=entry)
         try:
             srv.wait_ready()
         except BaseException:

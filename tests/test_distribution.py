@@ -17,7 +17,7 @@ import torch
 from conftest import load
 from scipy.stats import chisquare
 
-import specdec_core.engine.engine as engine_module
+import specdec_core.speculation.verifier as verifier_module
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 from specdec_core.decoding.sampling import RowParams, sample, warp
@@ -134,7 +134,7 @@ def test_speculative_samples_match_target_distribution(tiny_vocab_pair, params, 
     assert chi_square_p(draw(target, draft, params, quantize), probs) > 1e-3
 
     # Negative control: the same test rejects a sampler that is wrong after a rejection.
-    monkeypatch.setattr(engine_module, "verify", biased_verify)
+    monkeypatch.setattr(verifier_module, "verify", biased_verify)
     assert chi_square_p(draw(target, draft, params, quantize), probs) < 1e-3
 
 

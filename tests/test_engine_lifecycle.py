@@ -7,6 +7,7 @@ import asyncio
 import pytest
 import torch
 from conftest import load
+from fault_hooks import fail_requests_mentioning
 
 from specdec_core import AsyncEngine, Engine, EngineConfig, EngineDeadError, SamplingParams
 from specdec_core.decoding.detokenizer import IncrementalDetokenizer
@@ -40,11 +41,11 @@ def test_failure_after_the_target_forward_is_retried_per_request(pair, method, m
     """A batched step that raises after the target forward (here: in verification, once) must
     leave every request as it was, so the per-request retry continues exactly where it stood:
     same tokens as a run without the fault, nobody stuck, every slot freed."""
-    import specdec_core.engine.engine as engine_module
+    import specdec_core.speculation.verifier as verifier_module
 
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     expected = [c.token_ids for c in make(pair, method, adaptive_speculation=False).generate(PROMPTS, params)]
-    real = engine_module.verify_greedy
+    real = verifier_module.verify_greedy
     calls = {"n": 0}
 
     def fails_on_third_call(*args, **kwargs):
@@ -53,7 +54,7 @@ def test_failure_after_the_target_forward_is_retried_per_request(pair, method, m
             raise RuntimeError("injected failure after the target forward")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "verify_greedy", fails_on_third_call)
+    monkeypatch.setattr(verifier_module, "verify_greedy", fails_on_third_call)
     eng = make(pair, method, adaptive_speculation=False)
     reqs = [eng.make_request(p, params) for p in PROMPTS]
     for r in reqs:
@@ -158,7 +159,7 @@ def test_seeded_sampling_is_reproducible_whatever_the_batch(pair):
 
 
 def test_fault_in_one_request_leaves_the_others_running(pair, monkeypatch):
-    monkeypatch.setenv("SPECDEC_FAULT_INJECTION", "BOOM")
+    fail_requests_mentioning("BOOM", monkeypatch.setattr)
     eng = make(pair)
     params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     out = eng.generate([PROMPTS[0], "please BOOM now", PROMPTS[1]], params)

@@ -1,7 +1,7 @@
 """Per-request failures with the REAL engine in a real ``specdec serve`` subprocess.
 
 test_server_faults.py proves the server's failure handling against a scripted stand-in engine; here
-the engine's test-only fault hook (``SPECDEC_FAULT_INJECTION=<marker>``: a request whose prompt text
+the tests' fault hook (``tests/held_step_server.py`` with ``FAULT_MARKER=<marker>``: a request whose prompt text
 contains the marker raises inside the engine while its tokens are committed) produces the failure,
 so the whole path is real: the engine isolates the request, the async engine reports it, and the
 server turns it into a 500 / an SSE error event while every other request keeps running.
@@ -40,7 +40,8 @@ def fault_server(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.T
 
     Teardown SIGTERMs it and checks it exits 0: the failures left nothing behind to wait on."""
     args = tiny_args(tiny_target, tiny_draft, "--max-num-seqs", "4")  # the last --max-num-seqs wins
-    srv = shared_server(SERVER_NAME, args, tmp_path_factory.getbasetemp(), env={"SPECDEC_FAULT_INJECTION": MARKER})
+    srv = shared_server(SERVER_NAME, args, tmp_path_factory.getbasetemp(), env={"FAULT_MARKER": MARKER},
+                        entry=["tests/held_step_server.py"])
     yield srv
     stop_shared(SERVER_NAME)
 

@@ -11,15 +11,27 @@ from conftest import load
 
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.speculation.cost_model import CostTable, StepCostModel
-from specdec_core.speculation.proposer import NgramIndex
 from specdec_core.engine.request import Request
-from specdec_core.engine.scheduler import ScheduledRequest
-from specdec_core.speculation.policy import SpeculationPolicy, expected_tokens
+from specdec_core.engine.step_plan import ScheduledRequest
+from specdec_core.speculation.acceptance import expected_tokens
+from specdec_core.speculation.ngram_index import NgramIndex
+from specdec_core.speculation.policy import SpeculationPolicy
 
 # Step costs measured on the 2-core CPU (ms): the 1.5B int8 target by tokens in the step, the
 # 0.5B int8 draft by requests in one draft forward (clients/step_costs.py).
 CPU_COSTS = StepCostModel(CostTable([1, 2, 5, 16, 80], [54.0, 55.0, 57.7, 101.6, 445.0]),
                           CostTable([1, 4, 16], [20.0, 26.0, 48.0]))
+
+
+class RepeatLookup:
+    """An n-gram proposer whose lookup always finds ``token`` repeated: the policy's input without
+    building a text that repeats itself."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def lookup(self, req: Request, k: int) -> list[int]:
+        return [self.token] * k
 
 
 def brute_force_lookup(ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -56,8 +68,7 @@ def request(alpha: float, *, seed: int | None = None, temperature: float = 0.0, 
 
 def plan(requests: list[Request], costs: StepCostModel = CPU_COSTS, method: str = "draft") -> list[int]:
     items = [ScheduledRequest(r, 1) for r in requests]
-    policy = SpeculationPolicy(method, costs, adaptive=True, max_model_len=512,
-                               lookup=lambda req, k: [5] * k)
+    policy = SpeculationPolicy(method, costs, adaptive=True, max_model_len=512, ngram=RepeatLookup(5))  # type: ignore[arg-type]
     policy.plan(items)
     return [it.num_drafts for it in items]
 
@@ -104,8 +115,8 @@ def test_auto_prefers_a_free_lookup_with_good_acceptance():
     req = request(0.8, source="ngram")
     req.acceptance["draft"].successes, req.acceptance["draft"].trials = 30.0, 100.0
     items = [ScheduledRequest(req, 1)]
-    SpeculationPolicy("auto", CPU_COSTS, True, 512, lambda r, k: [9] * k).plan(items)
-    assert (items[0].source, items[0].lookup) == ("ngram", [9] * items[0].num_drafts)
+    SpeculationPolicy("auto", CPU_COSTS, True, 512, RepeatLookup(9)).plan(items)  # type: ignore[arg-type]
+    assert items[0].source == "ngram"
     assert items[0].num_drafts == 4
 
 

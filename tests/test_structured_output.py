@@ -22,7 +22,8 @@ import torch
 from conftest import load
 from test_distribution import SAMPLES, VOCAB, _build, biased_verify, chi_square_p
 
-import specdec_core.engine.engine as engine_module
+import specdec_core.speculation.verifier as verifier_module
+from specdec_core.speculation.ngram import NgramProposer
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 from specdec_core.decoding.sampling import RowParams, warp
@@ -144,7 +145,7 @@ def test_ngram_lookups_are_cut_where_the_grammar_rejects_them(pair):
     assert req.grammar.valid_prefix(opening + opening) == len(opening)
     req.all_ids = list(req.prompt_ids) + opening + [0] + opening[:2]
     req.ngram.lookup(req.all_ids, 0)
-    assert engine_module._lookup(req, 8) == []  # after '{"' a second '{"colour"...' cannot follow
+    assert NgramProposer.lookup(req, 8) == []  # after '{"' a second '{"colour"...' cannot follow
 
 
 def test_logit_bias_and_min_tokens_hold_under_speculation(pair):
@@ -231,7 +232,7 @@ def test_constrained_samples_match_the_constrained_target(vocab16_pair, monkeypa
     assert chi_square_p(counts, probs) > 1e-3
 
     # Negative control: the same test rejects a sampler that is wrong after a rejection.
-    monkeypatch.setattr(engine_module, "verify", biased_verify)
+    monkeypatch.setattr(verifier_module, "verify", biased_verify)
     assert chi_square_p(draw_constrained(target, draft, params, prompt), probs) < 1e-3
 
 

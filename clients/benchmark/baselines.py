@@ -11,7 +11,8 @@ from typing import Any
 
 from .progress import log, progress
 from .report import Row, fmt, summarize
-from .workload import RequestResult, Workload
+from .results import RequestResult
+from .workload import Workload
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .modes import BASELINES
 
 if TYPE_CHECKING:  # workload imports this module; the type is only a hint here
-    from .workload import RequestResult
+    from .results import RequestResult
 
 
 def percentile(values: list[float], q: float) -> float | None:

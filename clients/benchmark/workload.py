@@ -7,7 +7,7 @@ import argparse
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from httpx_sse import aconnect_sse  # SSEError is an httpx.HTTPError
 
 from .progress import log, progress
 from .report import Row, fmt, summarize
+from .results import RequestResult
 
 PROMPTS_FILE = Path(__file__).resolve().parent.parent / "prompts.json"
 KINDS = ("code_edit", "open", "chat")
@@ -35,22 +36,6 @@ def load_workloads(kinds: list[str], num_prompts: int | None) -> dict[str, list[
         items = data[kind][:num_prompts] if num_prompts else data[kind]
         out[kind] = [Workload(kind, i, item) for i, item in enumerate(items)]
     return out
-
-
-@dataclass
-class RequestResult:
-    kind: str
-    prompt_index: int
-    ok: bool = False
-    error: str | None = None
-    ttft: float | None = None  # seconds
-    chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk with text, from start
-    latency: float | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    finish_reason: str | None = None
-    speculative: dict | None = None
-    text: str = ""
 
 
 def request_body(wl: Workload, model: str, args: argparse.Namespace, extra: dict) -> tuple[str, dict]:

@@ -15,10 +15,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import structlog
-from specdec_core.engine.config import EngineConfig
-from specdec_core.engine.outputs import RequestOutput
+
 from specdec_core.decoding.sampling_params import SamplingParams
 from specdec_core.decoding.structured_output import StructuredOutput
+from specdec_core.engine.config import EngineConfig
+from specdec_core.engine.outputs import RequestOutput
 
 log = structlog.get_logger("specdec.server")
 

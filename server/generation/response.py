@@ -18,13 +18,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server.generation.engine_host import EngineLike
+from server.generation.streaming import GenerationStream
 from server.generation.submission import Generation, Job, run_until_disconnect
 from server.http.jsonio import JSONResponse
-from server.openai.renderers import Renderer
 from server.http.request_log import request_id, request_log
 from server.openai.bodies import envelope, usage
+from server.openai.renderers import Renderer
 from server.state import ServerState
-from server.generation.streaming import GenerationStream
 
 
 @dataclass

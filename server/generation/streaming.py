@@ -15,8 +15,8 @@ from typing import Any
 import structlog
 from sse_starlette import EventSourceResponse
 
-from server.http.errors import internal_error
 from server.generation.submission import Generation
+from server.http.errors import internal_error
 from server.http.jsonio import dumps_str
 
 log = structlog.get_logger("specdec.server")

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from specdec_core.engine.outputs import RequestOutput, RequestStats, TokenLogprob
-from specdec_core.decoding.sampling_params import SamplingParams
 
 from server.generation.engine_host import EngineLike, RequestStreamLike
 from server.http.errors import APIError, internal_error, invalid_request
 from server.openai.bodies import speculative_summary
 from server.state import ServerState
+from specdec_core.decoding.sampling_params import SamplingParams
+from specdec_core.engine.outputs import RequestOutput, RequestStats, TokenLogprob
 
 log = structlog.get_logger("specdec.server")
 

@@ -12,13 +12,13 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.generation.submission import Job
-from server.generation.response import generate
 from server.generation.prompts import render_chat, resolve_max_tokens, template_messages
-from server.openai.renderers import ChatRenderer
+from server.generation.response import generate
+from server.generation.submission import Job
 from server.openai.bodies import TokenText
-from server.routes.common import check_model, check_structured, read_request, server_state
+from server.openai.renderers import ChatRenderer
 from server.openai.schemas.chat import ChatCompletionRequest
+from server.routes.common import check_model, check_structured, read_request, server_state
 from server.tools.tool_use import ToolUse
 
 

@@ -6,17 +6,17 @@ import asyncio
 from typing import TypeVar
 
 import structlog
-from specdec_core.decoding.structured_output import StructuredOutput
 from starlette.requests import Request
 
-from server.http.body import read_json_body
 from server.generation.engine_host import EngineLike
+from server.http.body import read_json_body
 from server.http.errors import APIError, invalid_request
-from server.openai.parsing import parse_body
 from server.http.request_log import request_id, request_log
+from server.openai.parsing import parse_body
 from server.openai.schemas.base import Schema
 from server.settings import ServerSettings
 from server.state import ServerState
+from specdec_core.decoding.structured_output import StructuredOutput
 
 log = structlog.get_logger("specdec.server")
 

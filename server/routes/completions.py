@@ -12,13 +12,13 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.generation.submission import Job
-from server.generation.response import generate
 from server.generation.prompts import resolve_max_tokens, tokenize_prompts
-from server.openai.renderers import CompletionRenderer
+from server.generation.response import generate
+from server.generation.submission import Job
 from server.openai.bodies import TokenText
-from server.routes.common import check_model, check_structured, read_request, server_state
+from server.openai.renderers import CompletionRenderer
 from server.openai.schemas.completions import CompletionRequest
+from server.routes.common import check_model, check_structured, read_request, server_state
 
 
 async def create_completion(request: Request) -> Response:

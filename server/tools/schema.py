@@ -17,7 +17,6 @@ from pydantic import AfterValidator, Field, PlainValidator, field_validator
 
 from server.openai.schemas.base import Schema, invalid
 
-
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
 

@@ -18,14 +18,14 @@ import threading
 from collections import deque
 from typing import AsyncIterator
 
-from specdec_core.engine.config import EngineConfig
-from specdec_core.engine.engine import Engine
-from specdec_core.engine.stats import EngineMetrics
-from specdec_core.engine.outputs import RequestOutput
-from specdec_core.loading.progress_log import phase
-from specdec_core.engine.request import Request
 from specdec_core.decoding.sampling_params import SamplingParams
 from specdec_core.decoding.structured_output import StructuredOutput
+from specdec_core.engine.config import EngineConfig
+from specdec_core.engine.engine import Engine
+from specdec_core.engine.outputs import RequestOutput
+from specdec_core.engine.request import Request
+from specdec_core.engine.stats import EngineMetrics
+from specdec_core.loading.progress_log import phase
 
 log = logging.getLogger("specdec.async_engine")
 

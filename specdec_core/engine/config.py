@@ -108,3 +108,12 @@ class EngineConfig:
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("need 1 <= ngram_min <= ngram_max")
         self.cache_dir = Path(self.cache_dir)
+
+
+def speculation_method(requested: str | None, draft_available: bool) -> str:
+    """The method an engine runs: the one asked for, else ``auto`` with a draft model and
+    ``ngram`` without; a draft-model method without a draft model is refused."""
+    method = requested or ("auto" if draft_available else "ngram")
+    if method in ("draft", "auto") and not draft_available:
+        raise ValueError(f"speculative_method {method!r} needs a draft model (--draft-model)")
+    return method

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specdec_core.engine.stats import acceptance_rate, mean_accepted_length
+from specdec_core.engine.stats import acceptance_rate, count_into, mean_accepted_length
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -60,15 +60,17 @@ class RequestStats:
             total.accepted_tokens += s.accepted_tokens
             total.verify_steps += s.verify_steps
             for accepted, count in enumerate(s.accepted_histogram):
-                while len(total.accepted_histogram) <= accepted:
-                    total.accepted_histogram.append(0)
-                total.accepted_histogram[accepted] += count
+                count_into(total.accepted_histogram, accepted, count)
         return total
 
-    def record_accepted(self, accepted: int) -> None:
-        while len(self.accepted_histogram) <= accepted:
-            self.accepted_histogram.append(0)
-        self.accepted_histogram[accepted] += 1
+    def record_verify(self, emitted: int, drafts: int, accepted: int) -> None:
+        """One verify pass that emitted ``emitted`` tokens and kept ``accepted`` of ``drafts``."""
+        self.completion_tokens += emitted
+        self.verify_steps += 1
+        if drafts:
+            self.draft_tokens += drafts
+            self.accepted_tokens += accepted
+            count_into(self.accepted_histogram, accepted)
 
 
 @dataclass

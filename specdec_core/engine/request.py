@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from specdec_core.decoding.detokenizer import IncrementalDetokenizer
-from specdec_core.engine.outputs import FinishReason, RequestStats
 from specdec_core.decoding.sampling import RowParams
 from specdec_core.decoding.sampling_params import SamplingParams
-from specdec_core.speculation.policy import PRIOR, AcceptanceEstimate
+from specdec_core.engine.outputs import FinishReason, RequestStats
+from specdec_core.speculation.acceptance import PRIOR, AcceptanceEstimate
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: the request holds these, never calls into their modules' imports
     from specdec_core.decoding.grammar import GrammarState
-    from specdec_core.speculation.proposer import NgramIndex
+    from specdec_core.speculation.ngram_index import NgramIndex
 
 
 class Status(enum.Enum):
@@ -42,6 +42,10 @@ class Request:
         generator: torch.Generator,
         detokenizer: IncrementalDetokenizer,
         max_spec_tokens: int,
+        *,
+        ngram: NgramIndex | None = None,
+        grammar: GrammarState | None = None,
+        min_tokens_ban: list[int] | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_ids = prompt_ids
@@ -61,11 +65,11 @@ class Request:
         # This request's own acceptance per proposer, for the speculation policy.
         self.acceptance = {source: AcceptanceEstimate(prior) for source, prior in PRIOR.items()}
         # Prompt-lookup index over all_ids, for the n-gram proposer (None when it is not used).
-        self.ngram: NgramIndex | None = None
+        self.ngram = ngram
         # Structured output: the grammar state at the committed tokens (None: unconstrained).
-        self.grammar: GrammarState | None = None
+        self.grammar = grammar
         # Token ids masked until ``params.min_tokens`` tokens are out (EOS unless ignored, stop ids).
-        self.min_tokens_ban: list[int] = []
+        self.min_tokens_ban = min_tokens_ban or []
 
     def row_params(self, drafts: list[int]) -> RowParams:
         """How the logits row after the committed tokens plus ``drafts`` is warped. The draft
@@ -81,6 +85,22 @@ class Request:
             if not rest.any():
                 banned = []  # the grammar allows only the end here: it wins over min_tokens
         return RowParams(p, history, banned, allowed)
+
+    @property
+    def seeded(self) -> bool:
+        """A sampled request with its own seed: its draws, and so its speculation depth, must not
+        depend on the batch."""
+        return self.params.seed is not None and not self.params.greedy
+
+    def token_stop(self, new: list[int], eos_ids: set[int], max_model_len: int) -> tuple[list[int], FinishReason | None]:
+        """``new`` cut at the first token-level stop: EOS / stop ids, max_tokens, max_model_len."""
+        p = self.params
+        for i, t in enumerate(new):
+            if t in p.stop_token_ids or (not p.ignore_eos and t in eos_ids):
+                return new[: i + 1], "stop"
+            if len(self.output_ids) + i + 1 >= p.max_tokens or self.num_tokens + i + 1 >= max_model_len:
+                return new[: i + 1], "length"
+        return new, None
 
     @property
     def in_prefill(self) -> bool:

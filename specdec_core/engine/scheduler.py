@@ -14,41 +14,11 @@ the batch.
 from __future__ import annotations
 
 import time
-
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Literal
 
-from specdec_core.execution.kv_cache import SlotAllocator
 from specdec_core.engine.request import Request, Status
-
-
-@dataclass
-class ScheduledRequest:
-    """One request's share of a step: ``num_new`` known tokens fed to the target (a prompt chunk,
-    or the last generated token) and ``num_drafts`` speculative tokens after them, proposed by
-    ``source`` (``lookup`` holds them when that is n-gram). The scheduler decides ``num_new``;
-    the speculation policy decides the rest."""
-
-    request: Request
-    num_new: int
-    num_drafts: int = 0
-    source: Literal["draft", "ngram"] | None = None
-    lookup: list[int] | None = None
-
-    @property
-    def completes(self) -> bool:
-        """True when every known token is in the cache after this step: logits are needed."""
-        return self.request.num_computed + self.num_new == self.request.num_tokens
-
-
-@dataclass
-class ScheduledStep:
-    items: list[ScheduledRequest] = field(default_factory=list)
-
-    @property
-    def empty(self) -> bool:
-        return not self.items
+from specdec_core.engine.step_plan import ScheduledRequest, ScheduledStep
+from specdec_core.execution.kv_cache import SlotAllocator
 
 
 class Scheduler:

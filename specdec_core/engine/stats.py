@@ -21,6 +21,13 @@ def mean_accepted_length(emitted_tokens: int, verify_steps: int) -> float:
     return emitted_tokens / verify_steps if verify_steps else 0.0
 
 
+def count_into(histogram: list[int], value: int, count: int = 1) -> None:
+    """``histogram[value] += count``, growing the list as needed (the accepted-length histograms)."""
+    if len(histogram) <= value:
+        histogram.extend([0] * (value + 1 - len(histogram)))
+    histogram[value] += count
+
+
 @dataclass
 class EngineMetrics:
     num_running: int = 0
@@ -45,3 +52,15 @@ class EngineMetrics:
     @property
     def acceptance_rate(self) -> float:
         return acceptance_rate(self.total_accepted_tokens, self.total_draft_tokens)
+
+    def record_verify(self, source: str, drafts: int, accepted: int) -> None:
+        """One verify pass of ``drafts`` tokens from ``source`` that kept ``accepted`` of them."""
+        self.total_draft_tokens += drafts
+        self.total_accepted_tokens += accepted
+        self.draft_tokens_by_source[source] = self.draft_tokens_by_source.get(source, 0) + drafts
+        self.accepted_tokens_by_source[source] = self.accepted_tokens_by_source.get(source, 0) + accepted
+        count_into(self.accepted_histogram, accepted)
+
+    def record_step(self, draft_s: float, target_s: float) -> None:
+        self.total_draft_seconds += draft_s
+        self.total_target_seconds += target_s

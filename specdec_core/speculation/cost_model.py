@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 
 log = logging.getLogger("specdec.cost_model")
@@ -157,3 +158,18 @@ def _median_seconds(runner: ModelRunner, items: list[ForwardItem]) -> float:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def observe_step(costs: StepCostModel, items: list[ScheduledRequest], draft_s: float, target_s: float, max_draft_rows: int) -> None:
+    """Let a decode-only step (``ScheduledRequest`` items) correct the live cost model; prefill
+    chunks are not a shape the model describes."""
+    if any(it.num_new != 1 for it in items):
+        return
+    costs.observe_target(sum(1 + it.num_drafts for it in items), target_s)
+    drafting = [it for it in items if it.source == "draft"]
+    depth = max((it.num_drafts for it in drafting), default=0)
+    # A draft cache that lagged (the request used n-gram lookups meanwhile) is caught up in
+    # this step's first draft forward: a prefill, not a shape the draft table describes.
+    caught_up = max((it.request.num_computed + it.num_new - it.request.draft_computed for it in drafting), default=0)
+    if depth and caught_up <= max_draft_rows:
+        costs.observe_draft([sum(1 for it in drafting if it.num_drafts >= j) for j in range(1, depth + 1)], draft_s)

@@ -17,50 +17,14 @@ history and the start-up costs only); everyone else gets the batch-level optimum
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
 
+from specdec_core.engine.request import Request
+from specdec_core.engine.step_plan import ScheduledRequest
+from specdec_core.speculation.acceptance import Source, expected_tokens
 from specdec_core.speculation.cost_model import StepCostModel
+from specdec_core.speculation.ngram import NgramProposer
 
-if TYPE_CHECKING:
-    from specdec_core.engine.request import Request
-    from specdec_core.engine.scheduler import ScheduledRequest
-
-Source = Literal["draft", "ngram"]
-ACCEPTANCE_DECAY = 0.8  # weight of a request's older verify passes in its acceptance estimate
-MAX_ALPHA = 0.98
 PROBE_INTERVAL = 32  # a request that never pays speculates one token every this many steps
-# Acceptance assumed before a request has any history: optimistic enough that a lone request
-# tries the draft model at once (break-even on the 2-core CPU is about 0.7) and learns its own
-# alpha in a few steps, rather than waiting for a probe.
-PRIOR = {"draft": 0.75, "ngram": 0.5}
-
-
-class AcceptanceEstimate:
-    """A request's per-token acceptance for one proposer, from its own verify passes.
-
-    Drafts are verified left to right and stop at the first rejection, so a pass that accepted
-    ``a`` of ``k`` drafts saw ``a`` successes in ``a + (a < k)`` trials; successes / trials is
-    the maximum-likelihood alpha. Older passes decay, so the estimate follows a request whose
-    text changes character (prose, then a code block).
-    """
-
-    def __init__(self, prior: float, weight: float = 2.0) -> None:
-        self.successes = prior * weight
-        self.trials = weight
-
-    @property
-    def alpha(self) -> float:
-        return min(self.successes / self.trials, MAX_ALPHA)
-
-    def update(self, accepted: int, proposed: int) -> None:
-        self.successes = ACCEPTANCE_DECAY * self.successes + accepted
-        self.trials = ACCEPTANCE_DECAY * self.trials + accepted + (1 if accepted < proposed else 0)
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens one verify pass commits on average: the accepted drafts plus the target's own."""
-    return sum(alpha ** j for j in range(k + 1))
-
 
 @dataclass
 class _Choice:
@@ -89,17 +53,17 @@ class _Choice:
 
 
 class SpeculationPolicy:
-    """Sets ``num_drafts`` and ``lookup`` on the decoding items of a scheduled step."""
+    """Sets ``num_drafts`` and ``source`` on the decoding items of a scheduled step."""
 
     def __init__(self, method: str, costs: StepCostModel, adaptive: bool, max_model_len: int,
-                 lookup) -> None:
-        """``lookup(request, k)`` returns up to k n-gram tokens from the request's own text (for
-        the 'ngram' and 'auto' methods)."""
+                 ngram: NgramProposer | None) -> None:
+        """``ngram``: the lookup proposer, asked how many tokens it has for a request (for the
+        'ngram' and 'auto' methods); it proposes them itself once the policy has chosen k."""
         self.method = method
         self.costs = costs
         self.adaptive = adaptive
         self.max_model_len = max_model_len
-        self.lookup = lookup
+        self.ngram = ngram
 
     def plan(self, items: list[ScheduledRequest]) -> None:
         choices = [c for c in (self._choice(it) for it in items) if c is not None]
@@ -109,7 +73,7 @@ class SpeculationPolicy:
         for c in choices:
             if not self.adaptive:
                 c.k = c.cap
-            elif is_seeded(c.item.request):
+            elif c.item.request.seeded:
                 c.k, c.fixed = self.solo_k(c.item.request, c.source, c.alpha, c.cap), True
             else:
                 free.append(c)
@@ -121,8 +85,6 @@ class SpeculationPolicy:
                 c.k = 1
             c.item.num_drafts = c.k
             c.item.source = c.source if c.k else None
-            if c.source == "ngram" and c.k:
-                c.item.lookup = c.item.lookup[: c.k]
 
     # ------------------------------------------------------------------ one request
 
@@ -135,13 +97,11 @@ class SpeculationPolicy:
         if cap <= 0:
             return None
         options: list[tuple[Source, int]] = []
-        if self.method in ("ngram", "auto"):
-            # Prompt tokens not yet prefilled are unknown to the lookup only if the item is a
-            # chunk; a completing item has every known token, so the lookup sees the full text.
-            found = self.lookup(req, cap)
+        if self.ngram is not None and self.method in ("ngram", "auto"):
+            # A completing item has every known token, so the lookup sees the full text.
+            found = len(self.ngram.lookup(req, cap))
             if found:
-                item.lookup = found
-                options.append(("ngram", len(found)))
+                options.append(("ngram", found))
         if self.method in ("draft", "auto"):
             options.append(("draft", cap))
         if not options:
@@ -150,8 +110,6 @@ class SpeculationPolicy:
             source, cap = options[0]
         else:  # auto with a match: the proposer that pays more for this request alone
             source, cap = max(options, key=lambda o: self._solo_value(o[0], req.acceptance[o[0]].alpha, o[1]))
-        if source != "ngram":
-            item.lookup = None
         return _Choice(item, source, req.acceptance[source].alpha, cap)
 
     def solo_k(self, req: Request, source: Source, alpha: float, cap: int) -> int:
@@ -217,8 +175,3 @@ class SpeculationPolicy:
             rows = sum(1 + (c.catch_up_rows if j == 1 else 0) for c in choices if c.source == "draft" and c.k >= j)
             seconds += self.costs.draft(rows)
         return tokens / seconds if seconds > 0 else 0.0
-
-
-def is_seeded(req: Request) -> bool:
-    """A sampled request with its own seed: its draws must not depend on the batch."""
-    return req.params.seed is not None and not req.params.greedy

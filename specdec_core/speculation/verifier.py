@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_core.decoding.sampling import sample
+from specdec_core.decoding.sampling import sample, warp
+from specdec_core.engine.request import Request
 
 
 @dataclass
@@ -83,3 +84,37 @@ def verify_greedy(argmax: torch.Tensor, drafts: list[list[int]]) -> VerifyResult
     num_accepted = (tok == target[:, :k_max]).long().cumprod(dim=1).sum(dim=1)
     final = target.gather(1, num_accepted[:, None]).squeeze(1)
     return VerifyResult(num_accepted.tolist(), final.tolist())
+
+
+def verify_requests(reqs: list[Request], drafts: list[list[int]], draft_probs: torch.Tensor | None,
+                    logits: torch.Tensor) -> VerifyResult:
+    """Verify every request of a step: ``logits`` holds each request's ``len(drafts[b]) + 1``
+    rows back to back; ``draft_probs`` ``[B, K, V]`` the draft distributions (None: all one-hot).
+    p and q are warped by the same per-request rule (``Request.row_params``)."""
+    dev = logits.device
+    k_max = max(len(d) for d in drafts)
+    rows = [r.row_params(d[:j]) for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
+    probs = warp(logits, rows)
+    if all(r.params.greedy for r in reqs):
+        return verify_greedy(probs.argmax(dim=-1), drafts)
+    bsz, vocab = len(reqs), probs.shape[1]
+    p = probs.new_zeros(bsz, k_max + 1, vocab)
+    q = probs.new_zeros(bsz, k_max, vocab)
+    tok = torch.zeros(bsz, k_max, dtype=torch.long, device=dev)
+    u = torch.zeros(bsz, k_max + 1, device=dev)
+    row = 0
+    for b, (r, d) in enumerate(zip(reqs, drafts)):
+        n = len(d)
+        p[b, : n + 1] = probs[row:row + n + 1]
+        row += n + 1
+        if n:
+            tok[b, :n] = torch.tensor(d, device=dev)
+            if draft_probs is not None:
+                q[b, :n] = draft_probs[b, :n]
+            else:
+                q[b, torch.arange(n), tok[b, :n]] = 1.0
+        # Exactly n + 1 draws from the request's own generator: reproducible whatever the batch.
+        u[b, : n + 1] = torch.rand(n + 1, generator=r.generator).to(dev)
+    num = torch.tensor([len(d) for d in drafts], device=dev)
+    u_final = u.gather(1, num[:, None]).squeeze(1)
+    return verify(p, q, tok, num, u[:, :k_max], u_final)

@@ -8,7 +8,14 @@ from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, field_v
 
 import server.openai.limits as limits
 from server.openai.schemas.base import (
-    INT64_MAX, MAX_CHAT_TOP_LOGPROBS, NoFunctionCall, NoFunctions, Schema, _nullable_optionals, invalid, unsupported,
+    INT64_MAX,
+    MAX_CHAT_TOP_LOGPROBS,
+    NoFunctionCall,
+    NoFunctions,
+    Schema,
+    _nullable_optionals,
+    invalid,
+    unsupported,
 )
 from server.openai.schemas.generation import GenerationRequest
 from server.tools.schema import AssistantToolCall, NamedToolChoice, Tool, ToolChoice

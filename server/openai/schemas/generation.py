@@ -9,7 +9,17 @@ from pydantic import Field, PlainValidator, ValidationInfo, field_validator, mod
 import server.openai.limits as limits
 from server.http.errors import invalid_request
 from server.openai.schemas.base import (
-    INT64_MAX, MAX_LOGIT_BIAS, MAX_N, SEED_MAX, SEED_MIN, NonEmptyList, NonEmptyStr, Schema, TokenId, TokenIds, invalid,
+    INT64_MAX,
+    MAX_LOGIT_BIAS,
+    MAX_N,
+    SEED_MAX,
+    SEED_MIN,
+    NonEmptyList,
+    NonEmptyStr,
+    Schema,
+    TokenId,
+    TokenIds,
+    invalid,
 )
 from specdec_core.decoding.sampling_params import SamplingParams
 from specdec_core.decoding.structured_output import StructuredOutput

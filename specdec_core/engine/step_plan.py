@@ -1,0 +1,36 @@
+"""The plan of one step: which requests run, how many known tokens each feeds, how many drafts
+each verifies and who proposes them. The scheduler fills ``num_new``, the speculation policy
+``num_drafts`` and ``source``; proposers, the forward and the commit only read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec_core.engine.request import Request
+from specdec_core.speculation.acceptance import Source
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step: ``num_new`` known tokens fed to the target (a prompt chunk,
+    or the last generated token) and ``num_drafts`` speculative tokens after them, proposed by
+    ``source``."""
+
+    request: Request
+    num_new: int
+    num_drafts: int = 0
+    source: Source | None = None
+
+    @property
+    def completes(self) -> bool:
+        """True when every known token is in the cache after this step: logits are needed."""
+        return self.request.num_computed + self.num_new == self.request.num_tokens
+
+
+@dataclass
+class ScheduledStep:
+    items: list[ScheduledRequest] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.items

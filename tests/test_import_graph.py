@@ -1,0 +1,94 @@
+"""The project's modules import each other as a DAG: no cycle, counting every import statement
+(module level, inside functions, and under ``if TYPE_CHECKING``), so each layer can be read, and
+tested, without the ones above it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("server", "specdec_core", "clients")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Project modules that ``name`` imports; ``from pkg import mod`` counts as importing ``pkg.mod``."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".") if is_package else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]  # `import a.b.c` of a name inside a module
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def test_find_cycle_reports_a_cycle_and_accepts_a_dag() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_relative_and_from_imports_resolve_to_modules(tmp_path: Path) -> None:
+    modules = {"pkg": tmp_path / "__init__.py", "pkg.a": tmp_path / "a.py", "pkg.b": tmp_path / "b.py"}
+    (tmp_path / "a.py").write_text("from . import b\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.b\n")
+    assert imports_of("pkg.a", tmp_path / "a.py", modules) == {"pkg.b"}
+    (tmp_path / "b.py").write_text("def f():\n    from pkg.a import thing\n")
+    assert imports_of("pkg.b", tmp_path / "b.py", modules) == {"pkg.a"}
+
+
+def test_the_project_has_no_import_cycle() -> None:
+    modules = project_modules()
+    assert "specdec_core.engine.engine" in modules and "server.app" in modules
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_engine_core_knows_nothing_of_http() -> None:
+    modules = project_modules()
+    for name, path in modules.items():
+        if name.startswith("specdec_core"):
+            assert not any(m.startswith("server") for m in imports_of(name, path, modules)), name
