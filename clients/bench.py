@@ -13,7 +13,7 @@ Two ways to point it at a server:
     python clients/bench.py --url http://127.0.0.1:8000
 
     # beside either: any other OpenAI-compatible server on the same prompts, e.g. llama.cpp's
-    # llama-server started by you (README, "Against llama.cpp"); rows are named peer:NAME
+    # llama-server started by you (docs/benchmarks.md, "Against llama.cpp"); rows are named peer:NAME
     python clients/bench.py --spawn --peer llama.cpp-md=http://127.0.0.1:8081
 
 For every (mode, prompt kind, concurrency) it streams the prompt set of clients/prompts.json with

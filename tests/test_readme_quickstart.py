@@ -4,6 +4,8 @@ A new user ran the Quick start and then the SDK snippet and ``clients/openai_*.p
 ``ModuleNotFoundError: No module named 'openai'``. This reads the README and pyproject.toml as
 they are and checks that every third-party module imported by the Python examples of "Using it"
 (and by the scripts it runs with ``python clients/...``) comes with the Quick start's install.
+The docs/*.md pages' examples (and the README's own, beyond this) are checked by
+``test_docs_examples.py``, which reuses the helpers here.
 """
 
 from __future__ import annotations
