@@ -140,7 +140,7 @@ def _apply_env_defaults(sub: argparse.ArgumentParser, env: Mapping[str, str]) ->
             if isinstance(action, argparse.BooleanOptionalAction):
                 value: Any = parse_env_bool(raw)
             else:
-                value = action.type(raw) if action.type else raw
+                value = action.type(raw) if callable(action.type) else raw
         except (argparse.ArgumentTypeError, ValueError) as exc:
             sub.error(f"environment variable {name}: invalid value {raw!r} ({exc})")
         if action.choices is not None and value not in action.choices:

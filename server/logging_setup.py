@@ -33,6 +33,7 @@ def configure_logging(level: str = "info", json: bool | None = None) -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer: structlog.types.Processor
+    final: list[structlog.types.Processor]
     if json:
         renderer = structlog.processors.JSONRenderer(serializer=_orjson_dumps)
         final = [structlog.processors.format_exc_info, renderer]

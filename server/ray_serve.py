@@ -112,7 +112,7 @@ def build_application(settings: ServerSettings, scaling: RayScaling) -> Any:
     @serve.deployment(name=DEPLOYMENT, **options)
     @serve.ingress()
     class SpecdecReplica:
-        async def __init__(self, settings: ServerSettings) -> None:
+        async def __init__(self, settings: ServerSettings) -> None:  # type: ignore[misc]  # Ray Serve awaits it
             from server.logging_setup import configure_logging
 
             configure_logging(settings.log_level)
@@ -134,7 +134,7 @@ def build_application(settings: ServerSettings, scaling: RayScaling) -> Any:
             if state is not None and state.phase is Phase.READY and not self.engine.is_healthy:
                 raise RuntimeError(f"engine loop stopped: {self.engine.dead_reason}")
 
-    return SpecdecReplica.bind(settings)
+    return SpecdecReplica.bind(settings)  # type: ignore[attr-defined]  # added by @serve.deployment
 
 
 def serve_ray(settings: ServerSettings, scaling: RayScaling) -> int:

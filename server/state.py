@@ -18,6 +18,11 @@ from server.prometheus import ServerMetrics
 from server.settings import ServerSettings
 
 
+def engine_dead() -> APIError:
+    """The answer to any request once the engine's loop has stopped (the process must restart)."""
+    return APIError(503, "The inference engine stopped; the server needs a restart.", code="engine_dead")
+
+
 class Phase(str, enum.Enum):
     LOADING = "loading"
     READY = "ready"
@@ -72,7 +77,7 @@ class ServerState:
         if self.phase is Phase.FAILED or self.engine is None:
             raise APIError(503, "The model failed to load.", code="engine_unavailable")
         if not self.engine.is_healthy:
-            raise APIError(503, "The inference engine stopped; the server needs a restart.", code="engine_dead")
+            raise engine_dead()
         return self.engine
 
     # -- admission -----------------------------------------------------------------------------

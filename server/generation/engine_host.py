@@ -50,7 +50,7 @@ class EngineLike(Protocol):
 
     def abort(self, request_id: str) -> None: ...
 
-    def compile_structured(self, spec: StructuredOutput) -> None: ...
+    def compile_structured(self, spec: StructuredOutput) -> object: ...
 
     @property
     def is_healthy(self) -> bool: ...
@@ -63,7 +63,7 @@ class EngineLike(Protocol):
 
     def metrics(self) -> Any: ...
 
-    def shutdown(self) -> None: ...
+    def shutdown(self) -> object: ...
 
 
 EngineFactory = Callable[[EngineConfig], EngineLike]
@@ -107,6 +107,7 @@ class EngineHost:
 
         def host() -> None:
             engine: EngineLike | None = None
+            value: EngineLike | BaseException
             try:
                 try:
                     engine = self._factory(self._config)

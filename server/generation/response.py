@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from server.generation.engine_host import EngineLike
 from server.generation.streaming import GenerationStream
-from server.generation.submission import Generation, Job, run_until_disconnect
+from server.generation.submission import Generation, Job, ends_the_request, run_until_disconnect
 from server.http.jsonio import JSONResponse
 from server.http.request_log import request_id, request_log
 from server.openai.bodies import envelope, usage
@@ -63,7 +63,7 @@ class GenerationResponse:
         for choices in renderer.opening(sorted(generation.choices)):
             yield self._chunk(choices)
         async for choice, out in generation.deltas():
-            if out.finish_reason in ("error", "abort"):
+            if ends_the_request(out.finish_reason):
                 break
             piece = renderer.delta(choice.index, out.text, out.logprobs)
             if piece is not None:

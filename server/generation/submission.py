@@ -20,11 +20,17 @@ import structlog
 from server.generation.engine_host import EngineLike, RequestStreamLike
 from server.http.errors import APIError, internal_error, invalid_request
 from server.openai.bodies import speculative_summary
-from server.state import ServerState
+from server.state import ServerState, engine_dead
 from specdec_core.decoding.sampling_params import SamplingParams
 from specdec_core.engine.outputs import RequestOutput, RequestStats, TokenLogprob
 
 log = structlog.get_logger("specdec.server")
+
+
+def ends_the_request(finish_reason: str | None) -> bool:
+    """A choice that failed or was aborted ends the whole request (stream or body): the client gets
+    an error, never a partial answer that looks complete."""
+    return finish_reason in ("error", "abort")
 
 
 @dataclass
@@ -105,7 +111,7 @@ class Generation:
         except Exception:
             self._abort_streams()
             if not self.engine.is_healthy:
-                raise APIError(503, "The inference engine stopped; the server needs a restart.", code="engine_dead") from None
+                raise engine_dead() from None
             log.exception("add_request failed", request_id=self.request_id)
             raise internal_error(self.request_id) from None
         self.state.in_flight.add(self)
@@ -139,7 +145,7 @@ class Generation:
                 )
             self._record(choice, item)
             yield choice, item
-            if choice.finished and choice.finish_reason in ("error", "abort"):
+            if choice.finished and ends_the_request(choice.finish_reason):
                 return
 
     def _record(self, choice: Choice, out: RequestOutput) -> None:

@@ -13,7 +13,7 @@ and variable that raise the limit; its ``code`` is ``limit_exceeded``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationInfo
 from pydantic_core import PydanticCustomError
@@ -63,3 +63,12 @@ def check_sequences(prompts: int, n: int, settings: ServerSettings) -> None:
 
 def check_prompt_chars(chars: int, settings: ServerSettings) -> None:
     check_count(chars, settings.prompt_chars_limit, "max_prompt_chars", "characters of prompt text")
+
+
+def check_list_size(value: Any, info: ValidationInfo, setting: str, noun: str) -> Any:
+    """A list field counted against ``setting`` before its items are validated (a million
+    messages must not be validated one by one before the count refuses them)."""
+    settings = settings_of(info)
+    if settings is not None and isinstance(value, list):
+        check_count(len(value), getattr(settings, setting), setting, noun)
+    return value

@@ -79,7 +79,7 @@ class ToolCallParser:
                 return "", []
             text, self._bare = self._bare, None
         self._buffer += text
-        content, calls = "", []
+        content, calls = "", list[ToolCall]()
         while True:
             if not self._in_call:
                 start = self._buffer.find(OPEN)

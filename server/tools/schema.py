@@ -17,7 +17,8 @@ from pydantic import AfterValidator, Field, PlainValidator, field_validator
 
 from server.openai.schemas.base import Schema, invalid
 
-FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+FUNCTION_NAME = r"[A-Za-z0-9_.-]{1,64}"  # OpenAI's rule for a function's name
+FunctionName = Annotated[str, Field(pattern=f"^{FUNCTION_NAME}$")]
 
 
 MAX_PARAMETERS_DEPTH = 64
@@ -105,7 +106,7 @@ def _tool_choice(value: Any) -> str | NamedToolChoice:
     name = function.get("name") if isinstance(function, dict) else None
     if value.get("type") != "function" if isinstance(value, dict) else True:
         raise invalid(TOOL_CHOICE_FORMS)
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+    if not isinstance(name, str) or not re.fullmatch(FUNCTION_NAME, name):
         raise invalid(TOOL_CHOICE_FORMS)
     return NamedToolChoice(type="function", function=NamedFunction(name=name))
 

@@ -48,7 +48,7 @@ class IncrementalDetokenizer:
         return self._pieces[0] if self._pieces else ""
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def add(self, new_ids: list[int]) -> tuple[str, int | None]:
         """Add tokens; return ``(delta_text, n_kept)``.

@@ -27,7 +27,7 @@ from specdec_core.decoding.structured_output import StructuredOutput
 
 # Whitespace between JSON tokens: up to 32 characters (indented output up to depth ~7), never
 # unbounded: a model that likes newlines must not fill its budget with them.
-JSON_OPTIONS = {"whitespace_pattern": r"[ \t\n]{0,32}"}
+JSON_OPTIONS: Any = {"whitespace_pattern": r"[ \t\n]{0,32}"}  # llguidance.JsonCompileOptions (a TypedDict)
 CACHE_SIZE = 64
 
 

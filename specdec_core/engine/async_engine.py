@@ -22,7 +22,7 @@ from specdec_core.decoding.sampling_params import SamplingParams
 from specdec_core.decoding.structured_output import StructuredOutput
 from specdec_core.engine.config import EngineConfig
 from specdec_core.engine.engine import Engine
-from specdec_core.engine.outputs import RequestOutput
+from specdec_core.engine.outputs import FinishReason, RequestOutput
 from specdec_core.engine.request import Request
 from specdec_core.engine.stats import EngineMetrics
 from specdec_core.loading.progress_log import phase
@@ -229,7 +229,8 @@ class AsyncEngine:
         with self._lock:
             self._closed = True
             streams, self._streams = list(self._streams.values()), {}
-        reason, error = ("error", self.dead_reason) if self.dead_reason else ("abort", None)
+        reason: FinishReason = "error" if self.dead_reason else "abort"
+        error = self.dead_reason
         for stream in streams:
             out = RequestOutput(stream.request_id, [], "", finished=True, finish_reason=reason, error=error)
             try:

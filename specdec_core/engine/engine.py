@@ -35,6 +35,7 @@ from specdec_core.engine.request import Request
 from specdec_core.engine.scheduler import Scheduler
 from specdec_core.engine.stats import EngineMetrics
 from specdec_core.engine.step_plan import ScheduledStep
+from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 from specdec_core.loading.draft_vocab import frequent_token_ids
 from specdec_core.loading.progress_log import phase
@@ -71,9 +72,11 @@ class Engine:
         resolve_quantize(config.quantize, device, dtype)  # refuse a bad combination before loading
         # The embedded default (no --model) is a pair: it always has a draft model.
         method = speculation_method(config.speculative_method, config.draft_model is not None or config.model is None)
-        load = dict(device=device, dtype=dtype, cache_dir=config.cache_dir, progress=progress)
-        target = load_model(config.model, role="target", **load)
-        draft = load_model(config.draft_model, role="draft", **load) if method in ("draft", "auto") else None
+        target = load_model(config.model, role="target", device=device, dtype=dtype, cache_dir=config.cache_dir, progress=progress)
+        draft = None
+        if method in ("draft", "auto"):
+            draft = load_model(config.draft_model, role="draft", device=device, dtype=dtype, cache_dir=config.cache_dir,
+                               progress=progress)
         self._setup(config, target, draft, method, owns_models=True)
 
     @classmethod
@@ -100,15 +103,17 @@ class Engine:
         self.eos_ids = eos_token_ids(target.model, target.tokenizer)
         param = next(target.model.parameters())
         self.quantize = resolve_quantize(config.quantize, param.device, param.dtype)
-        runner = dict(num_slots=config.max_num_seqs, max_len=config.max_model_len, vocab_size=vocab,
-                      quantize=self.quantize, release_weights=owns_models)
+        def runner(model: HFModule, head_rows: list[int] | None = None) -> ModelRunner:
+            return ModelRunner(model, config.max_num_seqs, config.max_model_len, vocab, self.quantize,
+                               release_weights=owns_models, head_rows=head_rows)
+
         with phase(log, f"preparing {self.quantize} kernels for the target model"):
-            self.target = ModelRunner(target.model, **runner)
+            self.target = runner(target.model)
         self.draft_runner = None
         if draft is not None:
             head = frequent_token_ids(self.tokenizer, config.draft_vocab_size, vocab, self.eos_ids)
             with phase(log, f"preparing {self.quantize} kernels for the draft model"):
-                self.draft_runner = ModelRunner(draft.model, **runner, head_rows=head)
+                self.draft_runner = runner(draft.model, head)
         self.drafter = DraftModelProposer(self.draft_runner) if self.draft_runner is not None else None
         self.ngram = NgramProposer(config.ngram_min, config.ngram_max) if method in ("ngram", "auto") else None
         log.info("execution: target %s path, draft %s, quantize=%s", self.target.path,
@@ -223,7 +228,7 @@ class Engine:
         for it, drafts in zip(plan.items, proposal.tokens):
             r = it.request
             known = r.all_ids[r.num_computed:r.num_computed + it.num_new]
-            items.append(ForwardItem(r.slot, r.num_computed, known + drafts,
+            items.append(ForwardItem(r.cache_slot, r.num_computed, known + drafts,
                                      1 + len(drafts) if it.completes else 0, num_drafts=len(drafts)))
         return items
 
@@ -260,8 +265,9 @@ class Engine:
         and slots are the scheduler's."""
         for i, it in enumerate(plan.items):
             it.request.num_computed += it.num_new
-            if proposal.draft_cached is not None and proposal.draft_cached[i] is not None:
-                it.request.draft_computed = proposal.draft_cached[i]
+            cached = proposal.draft_cached[i] if proposal.draft_cached is not None else None
+            if cached is not None:
+                it.request.draft_computed = cached
         outputs = []
         row = 0
         for b, i in enumerate(verifying):

@@ -87,6 +87,12 @@ class Request:
         return RowParams(p, history, banned, allowed)
 
     @property
+    def cache_slot(self) -> int:
+        """The cache region of a running request (the scheduler gives one before it is scheduled)."""
+        assert self.slot is not None, f"request {self.request_id} is not running"
+        return self.slot
+
+    @property
     def seeded(self) -> bool:
         """A sampled request with its own seed: its draws, and so its speculation depth, must not
         depend on the batch."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.kv_cache import PackedLayout, SlotKVCache
 from specdec_core.execution.linear_kernels import Quantize, prepare_linears
 from specdec_core.execution.native_llama import Batch, NativeLlama, Segment, supports_native
@@ -44,7 +45,7 @@ class ForwardItem:
 class ModelRunner:
     """Owns a model and its KV cache; turns ragged batches into one packed forward."""
 
-    def __init__(self, model: torch.nn.Module, num_slots: int, max_len: int, vocab_size: int,
+    def __init__(self, model: HFModule, num_slots: int, max_len: int, vocab_size: int,
                  quantize: Quantize = "none", release_weights: bool = False,
                  head_rows: list[int] | None = None) -> None:
         """``release_weights``: the runner owns ``model`` and may free the original weights it

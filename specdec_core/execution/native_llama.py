@@ -26,13 +26,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.kv_cache import SlotKVCache
 from specdec_core.execution.linear_kernels import PreparedLinear, Quantize, prepare_linear
 
 NATIVE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
 
-def supports_native(model: torch.nn.Module, max_len: int) -> bool:
+def supports_native(model: HFModule, max_len: int) -> bool:
     """True when ``model`` is a Llama-family model this module computes exactly like transformers."""
     cfg = model.config
     if type(model).__name__ not in NATIVE_ARCHITECTURES:
@@ -92,7 +93,7 @@ class HeadShape:
 class DecoderLayer(torch.nn.Module):
     """Pre-norm attention + SwiGLU MLP, with the transformers layer's weights prepared once."""
 
-    def __init__(self, layer: torch.nn.Module, shape: HeadShape, quantize: Quantize, release: bool) -> None:
+    def __init__(self, layer: HFModule, shape: HeadShape, quantize: Quantize, release: bool) -> None:
         super().__init__()
         self.shape = shape
         attn, mlp = layer.self_attn, layer.mlp
@@ -133,7 +134,7 @@ class DecoderLayer(torch.nn.Module):
 class NativeLlama(torch.nn.Module):
     """The decoder stack and head of a Llama-family model, prepared for specdec's ragged batches."""
 
-    def __init__(self, model: torch.nn.Module, quantize: Quantize, max_len: int, release: bool = False,
+    def __init__(self, model: HFModule, quantize: Quantize, max_len: int, release: bool = False,
                  head_rows: list[int] | None = None) -> None:
         """``head_rows``: score only these token ids (a draft's frequent-vocabulary head); the
         logits then come back in that order, one column per listed id."""
@@ -167,7 +168,7 @@ class NativeLlama(torch.nn.Module):
         return self.lm_head(self.norm(x[batch.logit_rows])).float()
 
 
-def _fused(linears: list[torch.nn.Module], quantize: Quantize) -> PreparedLinear:
+def _fused(linears: list[HFModule], quantize: Quantize) -> PreparedLinear:
     """One prepared linear whose output is the concatenation of ``linears``' outputs."""
     weight = torch.cat([lin.weight.detach() for lin in linears], dim=0)
     biases = [getattr(lin, "bias", None) for lin in linears]
@@ -178,14 +179,14 @@ def _fused(linears: list[torch.nn.Module], quantize: Quantize) -> PreparedLinear
     return prepare_linear(weight, bias, quantize)
 
 
-def _release(linear: torch.nn.Module) -> None:
+def _release(linear: HFModule) -> None:
     """Drop an original weight the prepared layer has copied (halves peak memory for big models)."""
     linear.weight = torch.nn.Parameter(linear.weight.new_empty(0), requires_grad=False)
     if getattr(linear, "bias", None) is not None:
         linear.bias = torch.nn.Parameter(linear.bias.new_empty(0), requires_grad=False)
 
 
-def _rope_table(rotary: torch.nn.Module, max_len: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_table(rotary: HFModule, max_len: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin for every position, computed once by the model's own rotary module (so every RoPE
     variant transformers knows is honoured) and then only indexed: a row's rotation never depends
     on how many rows share the call."""

@@ -17,11 +17,14 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 import specdec_core.loading.default_models as default_models
+from specdec_core.execution.hf_types import HFModule
+from specdec_core.execution.linear_kernels import Quantize
 from specdec_core.loading.model_errors import ModelLoadError
 from specdec_core.loading.progress_log import phase
 from specdec_core.loading.stale_partials import remove_stale_partials
@@ -65,7 +68,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return _DTYPES[dtype]
 
 
-def resolve_quantize(quantize: str, device: torch.device, dtype: torch.dtype) -> str:
+def resolve_quantize(quantize: str, device: torch.device, dtype: torch.dtype) -> Quantize:
     """``"auto"`` is int8 on the CPU in float32 (the fast mode there: a decode step of the 1.5B costs
     54 ms against 200 ms in fp32 on the 2-core dev machine, and it is batch-invariant) and
     ``"none"`` elsewhere; int8 off the CPU is refused."""
@@ -79,14 +82,14 @@ def resolve_quantize(quantize: str, device: torch.device, dtype: torch.dtype) ->
             f"quantize='int8' (per-row int8 through fbgemm) runs only on the CPU in float32, "
             f"not on {device} in {dtype}; use quantize='none' there"
         )
-    return quantize
+    return "int8" if quantize == "int8" else "none"
 
 
 @dataclass
 class LoadedModel:
     """A model ready for inference (eval mode, on its device, no grads) with its tokenizer."""
 
-    model: torch.nn.Module
+    model: HFModule
     tokenizer: PreTrainedTokenizerBase
     name: str  # human name: dir name, hub id, GGUF stem, or the default model's name
     path: Path  # the local HF directory actually loaded (the converted one for GGUF sources)
@@ -111,9 +114,10 @@ def load_model(
     path, name = _resolve_source(source, role, Path(cache_dir), progress)
     with phase(logger, f"loading the {role} model {name} from {path} ({str(dt).removeprefix('torch.')}, {dev})"):
         try:
-            model, info = AutoModelForCausalLM.from_pretrained(
+            loaded: Any = AutoModelForCausalLM.from_pretrained(
                 str(path), dtype=dt, attn_implementation="sdpa", local_files_only=True, output_loading_info=True
             )
+            model, info = loaded  # (model, loading info): transformers' stubs type only the model
             _refuse_missing_weights(info, path)
             tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError) as exc:
@@ -210,9 +214,10 @@ def _write_hf_dir(gguf: Path, out: Path) -> None:
     import transformers
 
     with phase(logger, f"reading and dequantizing {gguf.name} ({gguf.stat().st_size / 1e9:.1f} GB) to float32"):
-        model, info = AutoModelForCausalLM.from_pretrained(
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True, output_loading_info=True
         )
+        model, info = loaded
     _refuse_missing_weights(info, gguf)
     out.mkdir(parents=True)
     _save_weights(model, out)
@@ -231,7 +236,7 @@ def _write_hf_dir(gguf: Path, out: Path) -> None:
     (out / "specdec_conversion.json").write_text(json.dumps(provenance, indent=1))
 
 
-def _save_weights(model: torch.nn.Module, out: Path) -> None:
+def _save_weights(model: HFModule, out: Path) -> None:
     """Write the state dict as (sharded) safetensors, dropping tied duplicates such as lm_head."""
     from safetensors.torch import save_file
 

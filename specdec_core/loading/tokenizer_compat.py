@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
+from specdec_core.execution.hf_types import HFModule
 from specdec_core.loading.loader import LoadedModel, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -20,7 +19,7 @@ class IncompatibleModelsError(ModelLoadError):
     """The draft's token ids do not mean the same tokens as the target's."""
 
 
-def output_vocab_size(model: torch.nn.Module) -> int:
+def output_vocab_size(model: HFModule) -> int:
     """Number of logits the model produces per position (works for int8-quantized heads too)."""
     head = model.get_output_embeddings()  # type: ignore[operator]
     size = getattr(head, "out_features", None)

@@ -58,7 +58,7 @@ class DraftModelProposer:
         for j in range(max(k_max, 1)):
             if j > 0:
                 active = [b for b in active if self._drafts(items[b]) > j]
-                fwd = [ForwardItem(items[b].request.slot, cached[b], [tokens[b][-1]], 1) for b in active]  # type: ignore[arg-type]
+                fwd = [ForwardItem(items[b].request.cache_slot, cached[b], [tokens[b][-1]], 1) for b in active]  # type: ignore[arg-type]
             if not active:
                 if fwd:
                     self.runner.forward(fwd)  # prompt chunks mirrored into the draft cache
@@ -82,4 +82,4 @@ class DraftModelProposer:
     @staticmethod
     def _catch_up(item: ScheduledRequest, num_logits: int) -> ForwardItem:
         r = item.request
-        return ForwardItem(r.slot, r.draft_computed, r.all_ids[r.draft_computed:r.num_computed + item.num_new], num_logits)
+        return ForwardItem(r.cache_slot, r.draft_computed, r.all_ids[r.draft_computed:r.num_computed + item.num_new], num_logits)

@@ -113,10 +113,7 @@ class ChatCompletionRequest(GenerationRequest):
     @field_validator("messages", mode="before")
     @classmethod
     def _messages_within_limit(cls, value: Any, info: ValidationInfo) -> Any:
-        settings = limits.settings_of(info)
-        if settings is not None and isinstance(value, list):  # counted before the messages are validated
-            limits.check_count(len(value), settings.max_messages, "max_messages", "messages")
-        return value
+        return limits.check_list_size(value, info, "max_messages", "messages")
 
     @field_validator("messages")
     @classmethod

@@ -166,10 +166,7 @@ class GenerationRequest(Schema):
     @field_validator("stop_token_ids", mode="before")
     @classmethod
     def _stop_ids_within_limit(cls, value: Any, info: ValidationInfo) -> Any:
-        settings = limits.settings_of(info)
-        if settings is not None and isinstance(value, list):  # counted before the ids are validated
-            limits.check_count(len(value), settings.max_stop_token_ids, "max_stop_token_ids", "token ids")
-        return value
+        return limits.check_list_size(value, info, "max_stop_token_ids", "token ids")
 
     @field_validator("logit_bias")
     @classmethod
