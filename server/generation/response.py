@@ -10,7 +10,7 @@ The data flows one way: HTTP body -> schema -> ``SamplingParams`` -> engine -> d
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from server.generation.streaming import GenerationStream
 from server.generation.submission import Generation, Job, ends_the_request, run_until_disconnect
 from server.http.jsonio import JSONResponse
 from server.http.request_log import request_id, request_log
+from server.openai import response_types as rt
 from server.openai.bodies import envelope, usage
 from server.openai.renderers import Renderer
 from server.state import ServerState
@@ -39,20 +40,20 @@ class GenerationResponse:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def _envelope(
-        self, choices: list[dict[str, Any]], usage_: dict | None, speculative: dict | None, *, chunk: bool
-    ) -> dict[str, Any]:
+        self, choices: Sequence[rt.ResponseChoice], usage_: rt.Usage | None, speculative: rt.Speculative | None, *, chunk: bool
+    ) -> rt.Envelope:
         obj = self.renderer.object_name(chunk=chunk)
-        return envelope(obj, self.generation.request_id, self.created, self.model, choices, usage_, speculative)
+        return envelope(obj, self.generation.request_id, self.created, self.model, list(choices), usage_, speculative)
 
     def _chunk(
-        self, choices: list[dict[str, Any]], usage_: dict | None = None, speculative: dict | None = None
+        self, choices: Sequence[rt.ResponseChoice], usage_: rt.Usage | None = None, speculative: rt.Speculative | None = None
     ) -> dict[str, Any]:
-        body = self._envelope(choices, usage_, speculative, chunk=True)
+        body: dict[str, Any] = dict(self._envelope(choices, usage_, speculative, chunk=True))
         if not self.include_usage:
             del body["usage"]  # OpenAI sends the key only when stream_options.include_usage is set
         return body
 
-    def _usage(self) -> dict[str, int]:
+    def _usage(self) -> rt.Usage:
         return usage(self.generation.prompt_tokens, self.generation.completion_tokens)
 
     async def chunks(self) -> AsyncIterator[dict[str, Any]]:
@@ -81,7 +82,7 @@ class GenerationResponse:
         if self.include_usage:
             yield self._chunk([], self._usage(), generation.speculative())
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> rt.Envelope:
         """The non-streamed body of a generation whose choices all finished."""
         choices = [self.renderer.choice(self.generation.choices[i]) for i in sorted(self.generation.choices)]
         return self._envelope(choices, self._usage(), self.generation.speculative(), chunk=False)
@@ -93,7 +94,7 @@ class GenerationResponse:
 
 
 async def respond_when_done(
-    generation: Generation, request: Request, build_body: Callable[[], dict[str, Any]]
+    generation: Generation, request: Request, build_body: Callable[[], Mapping[str, Any]]
 ) -> Response:
     """The non-streamed answer: wait for every choice (closing the generation either way), then the
     JSON body from ``build_body``. A client that went away gets 499; an engine failure is raised."""

@@ -19,6 +19,7 @@ import structlog
 
 from server.generation.engine_host import EngineLike, RequestStreamLike
 from server.http.errors import APIError, internal_error, invalid_request
+from server.openai import response_types as rt
 from server.openai.bodies import speculative_summary
 from server.state import ServerState, engine_dead
 from specdec_core.decoding.sampling_params import SamplingParams
@@ -198,7 +199,7 @@ class Generation:
     def completion_tokens(self) -> int:
         return sum(c.completion_tokens for c in self.choices.values())
 
-    def speculative(self) -> dict[str, Any]:
+    def speculative(self) -> rt.Speculative:
         return speculative_summary(self.method, (c.stats for c in self.choices.values()))
 
     # -- ending ----------------------------------------------------------------------------------

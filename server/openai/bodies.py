@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from server.openai import response_types as rt
 from specdec_core.engine.outputs import RequestStats, TokenLogprob
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int) -> rt.Usage:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -21,7 +22,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def speculative_summary(method: str, stats: Iterable[RequestStats | None]) -> dict[str, Any]:
+def speculative_summary(method: str, stats: Iterable[RequestStats | None]) -> rt.Speculative:
     """The ``speculative`` object: a request's choices' counters summed by the engine's own
     ``RequestStats.total``, the ratios read from it (defined once in ``specdec_core.engine.stats``)."""
     total = RequestStats.total(stats)
@@ -61,7 +62,7 @@ class CompletionLogprobs:
         self._text = token_text
         self._offset = start_offset
 
-    def piece(self, logprobs: Sequence[TokenLogprob]) -> dict[str, list]:
+    def piece(self, logprobs: Sequence[TokenLogprob]) -> rt.CompletionLogprobs:
         tokens: list[str] = []
         token_logprobs: list[float] = []
         top_logprobs: list[dict[str, float]] = []
@@ -79,10 +80,10 @@ class CompletionLogprobs:
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
 
 
-def chat_logprobs(token_text: TokenText, logprobs: Sequence[TokenLogprob]) -> dict[str, list]:
+def chat_logprobs(token_text: TokenText, logprobs: Sequence[TokenLogprob]) -> rt.ChatLogprobs:
     """The chat ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
 
-    def entry(token_id: int, value: float) -> dict[str, Any]:
+    def entry(token_id: int, value: float) -> rt.ChatTokenLogprob:
         token = token_text(token_id)
         return {"token": token, "logprob": value, "bytes": list(token.encode("utf-8"))}
 
@@ -95,12 +96,12 @@ def chat_logprobs(token_text: TokenText, logprobs: Sequence[TokenLogprob]) -> di
 
 
 def envelope(
-    obj: str, completion_id: str, created: int, model: str, choices: list[dict], usage_: dict | None,
-    speculative: dict | None,
-) -> dict[str, Any]:
+    obj: str, completion_id: str, created: int, model: str, choices: list[rt.ResponseChoice], usage_: rt.Usage | None,
+    speculative: rt.Speculative | None,
+) -> rt.Envelope:
     """The envelope both endpoints share; ``speculative`` is specdec's report, added when present.
     The choices inside are the endpoint's own (``server.openai.renderers``)."""
-    body: dict[str, Any] = {"id": completion_id, "object": obj, "created": created, "model": model,
+    body: rt.Envelope = {"id": completion_id, "object": obj, "created": created, "model": model,
                             "choices": choices, "usage": usage_}
     if speculative is not None:
         body["speculative"] = speculative

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from server.generation.submission import Choice
+from server.openai import response_types as rt
 from server.openai.bodies import CompletionLogprobs, TokenText, chat_logprobs
 from server.tools.calls import CallParser, ToolCall
 from server.tools.tool_use import ToolUse
@@ -26,24 +27,24 @@ class Renderer(Protocol):
         """The envelope's ``object`` for a streamed chunk or a whole body."""
         ...
 
-    def opening(self, indices: Sequence[int]) -> list[list[dict[str, Any]]]:
+    def opening(self, indices: Sequence[int]) -> Sequence[Sequence[rt.ResponseChoice]]:
         """The choices of each chunk sent before the first delta (one list per chunk)."""
         ...
 
-    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> rt.ResponseChoice | None:
         """A streamed choice for one engine delta, or ``None`` when it carries nothing to send."""
         ...
 
-    def finish(self, index: int, finish_reason: str | None) -> dict[str, Any]:
+    def finish(self, index: int, finish_reason: str | None) -> rt.ResponseChoice:
         """The streamed choice that ends choice ``index``."""
         ...
 
-    def choice(self, choice: Choice) -> dict[str, Any]:
+    def choice(self, choice: Choice) -> rt.ResponseChoice:
         """A finished choice in a non-streamed body."""
         ...
 
 
-def completion_choice(index: int, text: str, finish_reason: str | None, logprobs: dict | None) -> dict[str, Any]:
+def completion_choice(index: int, text: str, finish_reason: str | None, logprobs: rt.CompletionLogprobs | None) -> rt.CompletionChoice:
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
@@ -64,10 +65,10 @@ class CompletionRenderer:
     def object_name(self, *, chunk: bool) -> str:
         return "text_completion"
 
-    def opening(self, indices: Sequence[int]) -> list[list[dict[str, Any]]]:
+    def opening(self, indices: Sequence[int]) -> list[list[rt.CompletionChoice]]:
         return [[completion_choice(index, prefix, None, None)] for index, prefix in sorted(self.echoes.items())]
 
-    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> rt.CompletionChoice | None:
         piece = None
         if self.logprobs and logprobs:
             builder = self._builders.get(index)
@@ -78,10 +79,10 @@ class CompletionRenderer:
             return None
         return completion_choice(index, text, None, piece)
 
-    def finish(self, index: int, finish_reason: str | None) -> dict[str, Any]:
+    def finish(self, index: int, finish_reason: str | None) -> rt.CompletionChoice:
         return completion_choice(index, "", finish_reason, None)
 
-    def choice(self, choice: Choice) -> dict[str, Any]:
+    def choice(self, choice: Choice) -> rt.CompletionChoice:
         prefix = self.echoes.get(choice.index, "")
         logprobs = None
         if self.logprobs:
@@ -90,8 +91,8 @@ class CompletionRenderer:
 
 
 def chat_chunk_choice(
-    index: int, delta: dict[str, str | None], finish_reason: str | None = None, logprobs: dict | None = None
-) -> dict[str, Any]:
+    index: int, delta: rt.ChatDelta, finish_reason: str | None = None, logprobs: rt.ChatLogprobs | None = None
+) -> rt.ChatChunkChoice:
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
@@ -115,37 +116,39 @@ class ChatRenderer:
     def object_name(self, *, chunk: bool) -> str:
         return "chat.completion.chunk" if chunk else "chat.completion"
 
-    def opening(self, indices: Sequence[int]) -> list[list[dict[str, Any]]]:
+    def opening(self, indices: Sequence[int]) -> list[list[rt.ChatChunkChoice]]:
         content = None if self.tools else ""
         return [[chat_chunk_choice(index, {"role": "assistant", "content": content}) for index in indices]]
 
-    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> rt.ChatChunkChoice | None:
         piece = chat_logprobs(self.token_text, logprobs) if self.logprobs and logprobs else None
-        delta: dict[str, Any] = {"content": text}
+        delta: rt.ChatDelta = {"content": text}
         if self.tools:
             parser = self._parser(index)
             first = parser.num_calls
             content, calls = parser.feed(text)
             delta = {"content": content} if content or not calls else {}
-            delta.update(_call_deltas(calls, first))
+            if calls:
+                delta["tool_calls"] = _numbered(calls, first)
         if not delta.get("content") and "tool_calls" not in delta and piece is None:
             return None
         return chat_chunk_choice(index, delta, None, piece)
 
-    def finish(self, index: int, finish_reason: str | None) -> dict[str, Any]:
+    def finish(self, index: int, finish_reason: str | None) -> rt.ChatChunkChoice:
         if not self.tools:
             return chat_chunk_choice(index, {}, finish_reason)
         parser = self._parser(index)
         first = parser.num_calls
         rest, calls = parser.finish()  # a held-back bare call, or content after all
-        delta: dict[str, Any] = {"content": rest} if rest else {}
-        delta.update(_call_deltas(calls, first))
+        delta: rt.ChatDelta = {"content": rest} if rest else {}
+        if calls:
+            delta["tool_calls"] = _numbered(calls, first)
         return chat_chunk_choice(index, delta, _finish_reason(finish_reason, parser.num_calls))
 
-    def choice(self, choice: Choice) -> dict[str, Any]:
+    def choice(self, choice: Choice) -> rt.ChatChoice:
         logprobs = chat_logprobs(self.token_text, choice.logprobs) if self.logprobs else None
         text = "".join(choice.text)
-        message: dict[str, Any] = {"role": "assistant", "content": text}
+        message: rt.ChatMessage = {"role": "assistant", "content": text}
         calls: list[ToolCall] = []
         if self.tools:
             message["content"], calls = self.tools.parse(text)
@@ -165,9 +168,9 @@ class ChatRenderer:
         return self._parsers[index]
 
 
-def _call_deltas(calls: list[ToolCall], first: int) -> dict[str, Any]:
-    """The ``tool_calls`` entry of a delta; calls are numbered across the whole choice."""
-    return {"tool_calls": [call.to_openai(first + i) for i, call in enumerate(calls)]} if calls else {}
+def _numbered(calls: list[ToolCall], first: int) -> list[rt.ToolCall]:
+    """A delta's ``tool_calls``; calls are numbered across the whole choice."""
+    return [call.to_openai(first + i) for i, call in enumerate(calls)]
 
 
 def _finish_reason(engine_reason: str | None, num_calls: int) -> str | None:

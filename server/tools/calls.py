@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
+
+from server.openai import response_types as rt
 
 
 @dataclass(frozen=True)
@@ -13,9 +15,11 @@ class ToolCall:
     arguments: str  # JSON text of an object, as OpenAI sends it
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
 
-    def to_openai(self, index: int | None = None) -> dict[str, Any]:
-        call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-        return call if index is None else {"index": index, **call}
+    def to_openai(self, index: int | None = None) -> rt.ToolCall:
+        call: rt.ToolCall = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        if index is not None:
+            call["index"] = index
+        return call
 
 
 class CallParser(Protocol):

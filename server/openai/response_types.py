@@ -1,0 +1,109 @@
+"""The response bodies and chunks, typed as OpenAI documents them (plus specdec's ``speculative``).
+
+The requests are pydantic models because they are validated; responses are only built, so
+``TypedDict`` s describe them at no run-time cost and let the type checker hold every renderer to
+the same shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+from typing_extensions import NotRequired
+
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Speculative(TypedDict):
+    """specdec's report of what speculation did for one request (all its choices)."""
+
+    method: str
+    draft_tokens: int
+    accepted_tokens: int
+    steps: int
+    acceptance_rate: float
+    mean_accepted_length: float
+
+
+class CompletionLogprobs(TypedDict):
+    """The legacy completions ``logprobs`` object (or one streamed piece of it)."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class ChatTokenLogprob(TypedDict):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: NotRequired[list[ChatTokenLogprob]]
+
+
+class ChatLogprobs(TypedDict):
+    content: list[ChatTokenLogprob]
+
+
+class CompletionChoice(TypedDict):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+
+
+class FunctionCall(TypedDict):
+    name: str
+    arguments: str
+
+
+class ToolCall(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+    index: NotRequired[int]  # streamed calls are numbered within their choice
+
+
+class ChatDelta(TypedDict, total=False):
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: list[ToolCall]
+
+
+class ChatChunkChoice(TypedDict):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatMessage(TypedDict):
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: NotRequired[list[ToolCall]]
+
+
+class ChatChoice(TypedDict):
+    index: int
+    message: ChatMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+ResponseChoice = CompletionChoice | ChatChunkChoice | ChatChoice
+
+
+class Envelope(TypedDict):
+    """A whole body or one chunk: ``text_completion``, ``chat.completion`` or ``chat.completion.chunk``."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[ResponseChoice]
+    usage: Usage | None
+    speculative: NotRequired[Speculative]
