@@ -75,7 +75,7 @@ def draw(target, draft, params: SamplingParams, quantize: str, method: str = "dr
          prompt: list[int] = PROMPT, draft_vocab_size: int = 0) -> torch.Tensor:
     cfg = EngineConfig(speculative_method=method, num_speculative_tokens=2, adaptive_speculation=False,
                        draft_vocab_size=draft_vocab_size,
-                       max_num_seqs=256, max_model_len=16, max_num_batched_tokens=2048, seed=1234,
+                       max_num_seqs=256, max_model_len=16, prefill_chunk_size=2048, seed=1234,
                        quantize=quantize)
     eng = Engine.from_loaded(cfg, target, draft)
     out = eng.generate([prompt] * SAMPLES, params)

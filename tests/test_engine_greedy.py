@@ -108,7 +108,7 @@ def test_chunked_prefill_and_mixed_k_per_request(pairs):
     long_prompt = " ".join(f"word{i}" for i in range(300))
     prompts = [PROMPTS[0], long_prompt, PROMPTS[2]]
     alone = engine(pair, "none").generate(prompts, GREEDY)
-    eng = engine(pair, "draft", 4, max_num_batched_tokens=64)
+    eng = engine(pair, "draft", 4, prefill_chunk_size=64)
     params = [GREEDY, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, num_speculative_tokens=0),
               SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, num_speculative_tokens=2)]
     out = eng.generate(prompts, params)

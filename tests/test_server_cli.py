@@ -14,7 +14,7 @@ from server.cli import parse_serve_args, settings_from_args
 FLAGS = [
     "--model", "--draft-model", "--speculative-method", "--num-speculative-tokens", "--host", "--port",
     "--device", "--dtype", "--quantize", "--max-num-seqs", "--max-model-len", "--max-queue", "--api-key",
-    "--served-model-name", "--seed", "--log-level", "--max-num-batched-tokens", "--ngram-min", "--ngram-max",
+    "--served-model-name", "--seed", "--log-level", "--prefill-chunk-size", "--ngram-min", "--ngram-max",
     "--adaptive-speculation", "--no-adaptive-speculation", "--cache-dir",
     "--allowed-hosts", "--header-timeout", "--body-timeout", "--keep-alive-timeout", "--limit-concurrency",
 ]
@@ -112,10 +112,10 @@ def test_every_engine_config_field_is_a_flag_with_a_variable() -> None:
 
 
 def test_new_engine_flags_reach_the_engine_config() -> None:
-    argv = ["serve", "--max-num-batched-tokens", "64", "--ngram-max", "3", "--no-adaptive-speculation",
+    argv = ["serve", "--prefill-chunk-size", "64", "--ngram-max", "3", "--no-adaptive-speculation",
             "--ngram-min", "2", "--cache-dir", "/tmp/specdec-cache"]
     e = settings_from_args(parse_serve_args(argv, env={}), env={}).engine
-    assert (e.max_num_batched_tokens, e.ngram_min, e.ngram_max, e.adaptive_speculation) == (64, 2, 3, False)
+    assert (e.prefill_chunk_size, e.ngram_min, e.ngram_max, e.adaptive_speculation) == (64, 2, 3, False)
     assert str(e.cache_dir) == "/tmp/specdec-cache"
     # Not given: the dataclass default (on), not argparse's.
     assert settings_from_args(parse_serve_args(["serve"], env={}), env={}).engine.adaptive_speculation is True
@@ -131,7 +131,7 @@ def test_boolean_flag_from_environment(raw: str, expected: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    "env", [{"SPECDEC_ADAPTIVE_SPECULATION": "maybe"}, {"SPECDEC_MAX_NUM_BATCHED_TOKENS": "0"}, {"SPECDEC_NGRAM_MAX": "x"}]
+    "env", [{"SPECDEC_ADAPTIVE_SPECULATION": "maybe"}, {"SPECDEC_PREFILL_CHUNK_SIZE": "0"}, {"SPECDEC_NGRAM_MAX": "x"}]
 )
 def test_bad_new_variables_name_the_variable(env: dict, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:

@@ -209,7 +209,7 @@ def exact_constrained_distribution(model, params: SamplingParams, prompt: list[i
 
 def draw_constrained(target, draft, params: SamplingParams, prompt: list[int]) -> torch.Tensor:
     cfg = EngineConfig(speculative_method="draft", num_speculative_tokens=2, adaptive_speculation=False,
-                       max_num_seqs=256, max_model_len=16, max_num_batched_tokens=2048, seed=1234, quantize="int8")
+                       max_num_seqs=256, max_model_len=16, prefill_chunk_size=2048, seed=1234, quantize="int8")
     eng = Engine.from_loaded(cfg, target, draft)
     counts = torch.zeros(VOCAB * VOCAB, dtype=torch.float64)
     for c in eng.generate([prompt] * SAMPLES, params):

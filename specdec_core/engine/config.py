@@ -79,8 +79,9 @@ class EngineConfig:
     max_num_seqs: int = field(default=8, metadata=_flag("requests decoded together in one batch", minimum=1))
     max_model_len: int = field(default=2048, metadata=_flag("prompt + completion tokens per request", minimum=1))
     # Prompt tokens prefilled per step. Prompts are cut into chunks of this size at fixed offsets
-    # (0, C, 2C, ...), so how a prompt is chunked never depends on what else is running.
-    max_num_batched_tokens: int = field(default=512, metadata=_flag(
+    # (0, C, 2C, ...), so how a prompt is chunked never depends on what else is running. (Not
+    # vLLM's --max-num-batched-tokens, a budget for all tokens of a step: hence another name.)
+    prefill_chunk_size: int = field(default=512, metadata=_flag(
         "prompt tokens prefilled per engine step (long prompts are prefilled in chunks of this size)", minimum=1))
     ngram_min: int = field(default=1, metadata=_flag(
         "shortest suffix --speculative-method ngram looks up in the request's tokens", group="models", minimum=1))
@@ -103,8 +104,8 @@ class EngineConfig:
             raise ValueError(f"unknown speculative_method {self.speculative_method!r}")
         if self.num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens must be >= 0")
-        if self.max_num_seqs < 1 or self.max_model_len < 2 or self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs, max_model_len and max_num_batched_tokens must be positive")
+        if self.max_num_seqs < 1 or self.max_model_len < 2 or self.prefill_chunk_size < 1:
+            raise ValueError("max_num_seqs, max_model_len and prefill_chunk_size must be positive")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("need 1 <= ngram_min <= ngram_max")
         self.cache_dir = Path(self.cache_dir)

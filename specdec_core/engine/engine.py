@@ -118,7 +118,7 @@ class Engine:
         self.ngram = NgramProposer(config.ngram_min, config.ngram_max) if method in ("ngram", "auto") else None
         log.info("execution: target %s path, draft %s, quantize=%s", self.target.path,
                  self.draft_runner.path if self.draft_runner else "none", self.quantize)
-        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(config.max_num_seqs, config.prefill_chunk_size)
         self.metrics = EngineMetrics()
         self._seed_rng = torch.Generator().manual_seed(config.seed if config.seed is not None else int(time.time_ns() % 2**31))
         self.costs = self._measure_costs()
