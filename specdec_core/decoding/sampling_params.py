@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from specdec_core.decoding.structured_output import StructuredOutput
@@ -71,3 +72,17 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def outside_vocab(vocab_size: int, named_ids: dict[str, Iterable[int]]) -> tuple[str, int] | None:
+    """The first token id outside ``[0, vocab_size)`` and the field that names it, else None.
+
+    The one rule for every id a request names (prompt ids, ``stop_token_ids``, ``logit_bias``
+    keys): an id past the vocabulary used to reach the sampler and fail the whole batch there
+    (an ``IndexError`` in the ban mask), so the server checks it while validating (a 400) and the
+    engine again at its own boundary (a ``ValueError``)."""
+    for name, ids in named_ids.items():
+        for tid in ids:
+            if not isinstance(tid, int) or isinstance(tid, bool) or not 0 <= tid < vocab_size:
+                return name, tid
+    return None
