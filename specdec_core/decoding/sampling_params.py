@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 from specdec_core.decoding.structured_output import StructuredOutput
 
+# Temperatures below this are greedy (as in vLLM): dividing logits by 1e-38 overflows float32 to
+# inf, and the softmax of that is NaN, so sampling produced garbage rather than the argmax it tends to.
+GREEDY_BELOW = 1e-5
+
 
 @dataclass
 class SamplingParams:
@@ -19,6 +23,7 @@ class SamplingParams:
     ``logit_bias``: token id -> value in [-100, 100] added to that token's logit before warping
     (draft and target alike). ``min_tokens``: EOS and ``stop_token_ids`` are masked until this many
     tokens were generated. ``structured``: the output must match it (see ``structured_output``).
+    A ``temperature`` below ``GREEDY_BELOW`` (1e-5) is greedy, as 0 is.
     """
 
     max_tokens: int = 16
@@ -67,7 +72,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:
