@@ -99,7 +99,11 @@ class ServerSettings:
         minimum=1))
     limit_concurrency: int = field(default=512, metadata=_flag(
         "most connections open at once; a request arriving while more are open gets 503 "
-        "(uvicorn's limit_concurrency, answered as an OpenAI error)", minimum=1))
+        "(uvicorn's limit_concurrency, answered as an OpenAI error); /health and /metrics are exempt", minimum=1))
+    max_connections_per_client: int = field(default=128, metadata=_flag(
+        "most connections one client address may hold open; more are answered 503 and closed, so one "
+        "client cannot fill --limit-concurrency alone (raise it behind a proxy that funnels all "
+        "clients through one address; 0: no cap)", minimum=0))
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -141,7 +145,8 @@ class ServerSettings:
             f"log_level={self.log_level!r}, shutdown_grace_s={self.shutdown_grace_s}, "
             f"allowed_hosts={self.allowed_hosts!r}, header_timeout={self.header_timeout}, "
             f"body_timeout={self.body_timeout}, keep_alive_timeout={self.keep_alive_timeout}, "
-            f"limit_concurrency={self.limit_concurrency})"
+            f"limit_concurrency={self.limit_concurrency}, "
+            f"max_connections_per_client={self.max_connections_per_client})"
         )
 
 

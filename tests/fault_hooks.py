@@ -1,5 +1,6 @@
-"""A test-only fault: every engine request whose prompt text mentions a marker fails while being
-committed, after its batch's forward and verification. The engine itself has no such hook; tests
+"""Test-only faults: every engine request whose prompt text mentions a marker fails while being
+committed, after its batch's forward and verification (``fail_requests_mentioning``), or fails
+every batch it is part of before the commit (``fail_batches_holding``). The engine itself has no such hook; tests
 patch it in (in-process with pytest's monkeypatch, or in a server through ``held_step_server.py``'s
 ``FAULT_MARKER``), to prove that one request's failure leaves the others running."""
 
@@ -11,11 +12,10 @@ from typing import Any
 import specdec_core.engine.engine as engine_module
 
 
-def fail_requests_mentioning(marker: str, setattr_: Callable[[Any, str, Any], None] = setattr) -> None:
-    """Patch ``Engine`` so requests whose prompt decodes to text containing ``marker`` fail at
-    commit; ``setattr_`` is ``monkeypatch.setattr`` where the patch must be undone after a test."""
+def _mark_requests_mentioning(marker: str, setattr_: Callable[[Any, str, Any], None]) -> set[str]:
+    """Patch ``Engine.make_request`` to remember the ids of requests whose prompt mentions ``marker``."""
     Engine = engine_module.Engine
-    real_make, real_commit = Engine.make_request, Engine._commit
+    real_make = Engine.make_request
     faulty: set[str] = set()
 
     def make_request(self: Any, prompt: Any, params: Any, request_id: str | None = None) -> Any:
@@ -24,11 +24,39 @@ def fail_requests_mentioning(marker: str, setattr_: Callable[[Any, str, Any], No
             faulty.add(req.request_id)
         return req
 
+    setattr_(Engine, "make_request", make_request)
+    return faulty
+
+
+def fail_batches_holding(marker: str, setattr_: Callable[[Any, str, Any], None] = setattr) -> list[int]:
+    """Patch ``Engine._run`` so any batch holding a request whose prompt mentions ``marker`` raises
+    before anything is committed (as an out-of-range id in the sampler did). Returns the sizes of
+    every batch ``_run`` was asked to run, in order, so a test can count the isolation's work."""
+    faulty = _mark_requests_mentioning(marker, setattr_)
+    real_run = engine_module.Engine._run
+    sizes: list[int] = []
+
+    def run(self: Any, plan: Any) -> Any:
+        sizes.append(len(plan.items))
+        if any(it.request.request_id in faulty for it in plan.items):
+            raise RuntimeError(f"fault injected for testing (prompt mentions {marker!r})")
+        return real_run(self, plan)
+
+    setattr_(engine_module.Engine, "_run", run)
+    return sizes
+
+
+def fail_requests_mentioning(marker: str, setattr_: Callable[[Any, str, Any], None] = setattr) -> None:
+    """Patch ``Engine`` so requests whose prompt decodes to text containing ``marker`` fail at
+    commit; ``setattr_`` is ``monkeypatch.setattr`` where the patch must be undone after a test."""
+    faulty = _mark_requests_mentioning(marker, setattr_)
+    Engine = engine_module.Engine
+    real_commit = Engine._commit
+
     def commit(self: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
         if req.request_id in faulty:
             faulty.discard(req.request_id)
             raise RuntimeError(f"fault injected for testing (prompt mentions {marker!r})")
         return real_commit(self, req, *args, **kwargs)
 
-    setattr_(Engine, "make_request", make_request)
     setattr_(Engine, "_commit", commit)

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import torch
 from conftest import load
-from fault_hooks import fail_requests_mentioning
+from fault_hooks import fail_batches_holding, fail_requests_mentioning
 
 from specdec_core import AsyncEngine, Engine, EngineConfig, EngineDeadError, SamplingParams
 from specdec_core.decoding.detokenizer import IncrementalDetokenizer
@@ -165,6 +165,27 @@ def test_fault_in_one_request_leaves_the_others_running(pair, monkeypatch):
     out = eng.generate([PROMPTS[0], "please BOOM now", PROMPTS[1]], params)
     assert out[1].finish_reason == "error"
     assert [len(c.token_ids) for c in (out[0], out[2])] == [10, 10]
+    assert eng.scheduler.kv_usage == 0.0
+
+
+def test_a_request_that_breaks_its_batch_is_found_by_bisection_not_solo_reruns(pair, monkeypatch):
+    """One request among 16 makes every batch it is in raise before the commit. The step that
+    failed finds it in 2*log2(16) = 8 smaller runs (the old isolation re-ran all 16 alone: 16
+    runs, each a full forward); it alone fails, and every later step runs the 15 others in one
+    batch again, with the tokens they would have had without it."""
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    prompts = [f"{PROMPTS[i % 4]} {i}" for i in range(15)]
+    expected = [c.token_ids for c in make(pair, max_num_seqs=16, adaptive_speculation=False).generate(prompts, params)]
+    sizes = fail_batches_holding("BOOM", monkeypatch.setattr)
+    eng = make(pair, max_num_seqs=16, adaptive_speculation=False)
+    out = eng.generate(prompts[:7] + ["please BOOM now"] + prompts[7:], params)
+    assert out[7].finish_reason == "error"
+    assert [c.token_ids for c in out[:7] + out[8:]] == expected
+    assert all(c.finish_reason == "length" for c in out[:7] + out[8:])
+    first, later = sizes[:sizes.index(15)], sizes[sizes.index(15):]
+    assert first[0] == 16 and len(first) <= 1 + 2 * 4, sizes
+    # The survivors run together again (fewer as they finish), never split again.
+    assert later[0] == 15 and later == sorted(later, reverse=True), sizes
     assert eng.scheduler.kv_usage == 0.0
 
 

@@ -213,7 +213,7 @@ RAW_ERRORS = [
     ("400-malformed-json", request("POST", C, b'{"prompt": ', content_length="11", **JSON_HEADERS), 400, None),
     ("400-not-http", b"HELLO THERE\r\n\r\n", 400, "invalid_http"),
     ("400-bad-header", b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nno colon here\r\n\r\n", 400, "invalid_http"),
-    ("400-foreign-host", request("GET", "/health", host="rebound.attacker.example:8000"), 400, "invalid_host"),
+    ("400-foreign-host", request("GET", "/v1/models", host="rebound.attacker.example:8000"), 400, "invalid_host"),
     ("415-text-plain", request("POST", C, b'{"prompt": "hi"}', content_type="text/plain", content_length="16"),
      415, "unsupported_media_type"),
     ("415-form", request("POST", C, b"prompt=hi", content_type="application/x-www-form-urlencoded", content_length="9"),
@@ -343,10 +343,10 @@ def test_default_allow_list_on_loopback_refuses_foreign_hosts(tiny_server: Serve
 
 
 def test_allowed_hosts_flag(edge: ServerProcess) -> None:
-    assert exchange(edge.port, request("GET", "/health", host="api.example.test:443")).status == 200
-    assert exchange(edge.port, request("GET", "/health", host="127.0.0.1")).status == 200
+    assert exchange(edge.port, request("GET", "/v1/models", host="api.example.test:443")).status == 200
+    assert exchange(edge.port, request("GET", "/v1/models", host="127.0.0.1")).status == 200
     for host in ("localhost", "v2.api.example.test", "api.example.test.attacker.example"):
-        exchange(edge.port, request("GET", "/health", host=host)).error(400, "invalid_host")
+        exchange(edge.port, request("GET", "/v1/models", host=host)).error(400, "invalid_host")
 
 
 def test_allow_list_defaults_and_patterns() -> None:

@@ -56,6 +56,11 @@ def test_calls_and_content_are_parsed_from_finished_text() -> None:
     '<tool_call>\n{"name": "get_time", "arguments": {"city": \n</tool_call>',  # not JSON
     '<tool_call>\n["get_time"]\n</tool_call>',  # not an object
     '<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}',  # never closed
+    # nested far too deeply to be a call (a grammar can make a model write this): was a RecursionError
+    pytest.param('<tool_call>\n{"name": "get_time", "arguments": {"a": ' + "[" * 5000 + "]" * 5000 + '}}\n</tool_call>',
+                 id="nested-5000"),
+    pytest.param('<tool_call>\n{"name": "get_time", "arguments": "{\\"a\\": ' + "[" * 100 + "]" * 100 + '}"}\n</tool_call>',
+                 id="nested-100-in-a-string"),
 ])
 def test_text_that_is_not_a_call_stays_content(bad: str) -> None:
     content, calls = parse_tool_calls("Sure. " + bad, set(SCHEMAS))
@@ -335,6 +340,10 @@ def test_a_bare_json_call_from_the_model_becomes_a_tool_call(client: openai.Open
     ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
                                                          "function": {"name": "f", "arguments": "[1]"}}]}]},
      "messages[0].tool_calls[0].function.arguments"),
+    # nesting beyond the depth cap, and far beyond the recursion limit (was a 500 RecursionError)
+    *[({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "f", "arguments": '{"a": ' + "[" * depth + "]" * depth + "}"}}]}]},
+       "messages[0].tool_calls[0].function.arguments") for depth in (100, 5000)],
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strang"}}}]},
      "tools[0].function.parameters"),
     ({"tools": [TOOLS[0], {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},

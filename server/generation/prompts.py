@@ -17,6 +17,7 @@ from typing import Any
 
 from server.http.errors import invalid_request
 from server.openai.schemas.chat import ChatMessage
+from specdec_core.decoding.sampling_params import outside_vocab
 
 
 def tokenize_prompts(tokenizer: Any, prompts: list[str | list[int]], vocab_size: int) -> list[list[int]]:
@@ -30,13 +31,13 @@ def tokenize_prompt(tokenizer: Any, prompt: str | list[int], vocab_size: int, pa
         ids = list(tokenizer(prompt)["input_ids"])
     else:
         ids = list(prompt)
-        for tid in ids:
-            if not 0 <= tid < vocab_size:
-                raise invalid_request(
-                    f"Token id {tid} in '{param}' is outside the vocabulary (valid ids: 0 <= id < {vocab_size}).",
-                    param,
-                    code="invalid_token_id",
-                )
+        bad = outside_vocab(vocab_size, {param: ids})
+        if bad is not None:
+            raise invalid_request(
+                f"Token id {bad[1]} in '{param}' is outside the vocabulary (valid ids: 0 <= id < {vocab_size}).",
+                param,
+                code="invalid_token_id",
+            )
     if not ids:
         raise invalid_request(f"'{param}' must not be empty.", param)
     return ids

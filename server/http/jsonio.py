@@ -1,11 +1,43 @@
-"""JSON responses through orjson (fast). Request bodies are parsed by pydantic (server.openai.parsing)."""
+"""JSON responses through orjson (fast); JSON text inside a body or the model's output parsed with a
+depth bound. Request bodies themselves are parsed by pydantic (server.openai.parsing)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
 from starlette.responses import Response
+
+# Nesting allowed in JSON a client or the model writes inside a field (tool-call arguments, a
+# function's parameters): far beyond any real call, far below what recursion can handle.
+MAX_JSON_DEPTH = 64
+
+
+def nesting_depth(value: Any) -> int:
+    """How deeply objects and arrays nest in ``value``, counted without recursion (a body may nest
+    a thousand levels; checks and templates that walk it recurse several frames per level)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            todo.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def loads_bounded(text: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """JSON text from a client or the model, parsed; ``ValueError`` when it is not JSON or nests
+    deeper than ``max_depth``. Deep text used to escape as ``RecursionError`` (a 500, or an
+    ``internal_error`` stream event), from the parser or from whatever walked the value next.
+    The stdlib parser, not orjson: a value may hold integers beyond 64 bits."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"nests deeper than {max_depth} levels") from None
+    if nesting_depth(value) > max_depth:
+        raise ValueError(f"nests deeper than {max_depth} levels")
+    return value
 
 
 def dumps(obj: Any) -> bytes:

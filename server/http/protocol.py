@@ -29,6 +29,16 @@ This subclass adds:
   whole answer, then end of stream) and what still arrives is discarded until the client stops
   sending for ``LINGER_IDLE_S`` or ``LINGER_MAX_S`` have passed (nginx's "lingering close").
 
+- **request smuggling**: a request with both ``Transfer-Encoding`` and ``Content-Length`` gets a
+  400 error object (code ``invalid_http``) and its connection is closed, as RFC 9112 section 6.3
+  asks: h11 framed such a body by the chunked encoding and kept the connection, so a proxy that
+  framed it by the length would let a second request ride inside the body.
+- **probes are never refused for load**: ``/health`` and ``/metrics`` (``PROBE_PATHS``) pass the
+  connection limit, so a flood of idle sockets cannot make Kubernetes restart the pod.
+- **per-client connection cap** (``--max-connections-per-client``): a connection from an address
+  that already holds that many is answered with a 503 error object and closed at once, so one
+  client cannot fill ``--limit-concurrency`` on its own.
+
 A body that arrives too slowly for the app is the app's concern (``server.http.body``: 408).
 Answers written here carry an ``x-request-id`` of their own and are logged by ``specdec.request``
 like any request; they never reach the app, so they are not in the HTTP metrics.
@@ -47,6 +57,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from server.http.errors import APIError
+from server.http.host_check import PROBE_PATHS
 from server.http.jsonio import dumps
 from server.settings import ServerSettings
 
@@ -63,17 +74,30 @@ class GuardedH11Protocol(H11Protocol):
 
     header_timeout_s: float = 10.0
     max_connections: int | None = None
+    max_per_client: int | None = None
+    # Open connections per client address, shared by every connection of one configured class.
+    per_client: dict[str, int] = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
         self._linger_until: float | None = None
+        self._counted_as: str | None = None
         self.app = self._limited(self.app)
 
-    # -- the head timeout ----------------------------------------------------------------------
+    # -- the head timeout and the per-client cap -----------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         super().connection_made(transport)  # type: ignore[arg-type]
+        address = self.client[0] if self.client else None
+        if address is not None and self.max_per_client is not None:
+            if self.per_client.get(address, 0) >= self.max_per_client:
+                # No log line: a flood would turn into one line per refused connection.
+                self._refuse(503, f"This client already has {self.max_per_client} open connections "
+                             "(see --max-connections-per-client).", "too_many_connections", logged=False)
+                return
+            self.per_client[address] = self.per_client.get(address, 0) + 1
+            self._counted_as = address
         self._arm_head_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -100,6 +124,11 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        if self._counted_as is not None:
+            left = self.per_client.pop(self._counted_as, 1) - 1
+            if left > 0:
+                self.per_client[self._counted_as] = left
+            self._counted_as = None
         if self._linger_timer is not None:
             self._linger_timer.cancel()
         super().connection_lost(exc)
@@ -143,38 +172,46 @@ class GuardedH11Protocol(H11Protocol):
     def send_400_response(self, msg: str) -> None:
         self._refuse(400, "The request is not valid HTTP/1.1.", "invalid_http")
 
-    def _refuse(self, status: int, message: str, code: str) -> None:
+    def _refuse(self, status: int, message: str, code: str, logged: bool = True) -> None:
         """Answer ``status`` with an error object and close, outside any request cycle."""
         request_id = uuid.uuid4().hex
         body = dumps(APIError(status, message, code=code).body())
+        retry = "retry-after: 1\r\n" if status == 503 else ""
         head = (
             f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\nx-request-id: {request_id}\r\n\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n{retry}x-request-id: {request_id}\r\n\r\n"
         )
         self.transport.write(head.encode("ascii") + body)
         self.transport.close()
-        log.info("request", request_id=request_id, status=status, error=code, client=_client(self.client))
+        if logged:
+            log.info("request", request_id=request_id, status=status, error=code, client=_client(self.client))
 
     # -- the connection limit -------------------------------------------------------------------
     def _limited(self, app: ASGIApp) -> ASGIApp:
         async def limited(scope: Scope, receive: Receive, send: Send) -> None:
-            if self.max_connections is None or len(self.connections) <= self.max_connections:
+            headers = {name for name, _ in scope.get("headers", [])}
+            if b"transfer-encoding" in headers and b"content-length" in headers:
+                await self._answer(scope, receive, send, 400, "A request must not carry both Transfer-Encoding "
+                                   "and Content-Length (RFC 9112 section 6.3).", "invalid_http")
+                return
+            probe = scope.get("path", "").rstrip("/") in PROBE_PATHS
+            if probe or self.max_connections is None or len(self.connections) <= self.max_connections:
                 await app(scope, receive, send)
                 return
-            request_id = uuid.uuid4().hex
-            err = APIError(
-                503,
-                f"The server has more than {self.max_connections} open connections; retry shortly.",
-                code="too_many_connections",
-                headers={"Retry-After": "1", "Connection": "close", "x-request-id": request_id},
-            )
-            log.warning(
-                "request", request_id=request_id, method=scope.get("method"), path=scope.get("path"), status=503,
-                error="too_many_connections", open_connections=len(self.connections),
-            )
-            await err.response()(scope, receive, send)
+            await self._answer(scope, receive, send, 503, f"The server has more than {self.max_connections} open "
+                               "connections; retry shortly.", "too_many_connections")
 
         return limited
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send, status: int, message: str, code: str) -> None:
+        """An error object for a request the app never sees; the connection is closed after it."""
+        request_id = uuid.uuid4().hex
+        headers = {"Connection": "close", "x-request-id": request_id}
+        if status == 503:
+            headers["Retry-After"] = "1"
+        log.warning("request", request_id=request_id, method=scope.get("method"), path=str(scope.get("path"))[:200],
+                    status=status, error=code, open_connections=len(self.connections))
+        await APIError(status, message, code=code, headers=headers).response()(scope, receive, send)
 
 
 def _client(client: tuple[str, int] | None) -> str | None:
@@ -186,5 +223,6 @@ def protocol_for(settings: ServerSettings) -> type[GuardedH11Protocol]:
     return type(
         "SpecdecH11Protocol",
         (GuardedH11Protocol,),
-        {"header_timeout_s": float(settings.header_timeout), "max_connections": settings.limit_concurrency},
+        {"header_timeout_s": float(settings.header_timeout), "max_connections": settings.limit_concurrency,
+         "max_per_client": settings.max_connections_per_client or None, "per_client": {}},
     )

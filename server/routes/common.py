@@ -12,7 +12,7 @@ from server.generation.engine_host import EngineLike
 from server.http.body import read_json_body
 from server.http.errors import APIError, invalid_request
 from server.http.request_log import request_id, request_log
-from server.openai.parsing import parse_body
+from server.openai.parsing import parse_body, show
 from server.openai.schemas.base import Schema
 from server.settings import ServerSettings
 from server.state import ServerState
@@ -53,7 +53,9 @@ def check_model(state: ServerState, model: str | None) -> str:
     """The served model name; 404 when the client asked for another model."""
     served = state.served_model_name
     if model is not None and model != served:
-        raise APIError(404, f"The model '{model}' does not exist. This server serves '{served}'.", param="model", code="model_not_found")
+        # The name comes from the client and may be a megabyte long: shown cut, as JSON.
+        raise APIError(404, f"The model {show(model, 120)} does not exist. This server serves '{served}'.",
+                       param="model", code="model_not_found")
     return served
 
 

@@ -21,6 +21,7 @@ import json
 import re
 from typing import Any
 
+from server.http.jsonio import loads_bounded
 from server.tools.calls import ToolCall
 from specdec_core.decoding.structured_output import StructuredOutput
 
@@ -28,9 +29,10 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 def parse_call(body: str, tools: set[str]) -> ToolCall | None:
-    """The call inside one ``<tool_call>`` block, or None when it is not a call of a declared tool."""
-    try:
-        obj = json.loads(body)
+    """The call inside one ``<tool_call>`` block, or None when it is not a call of a declared tool
+    (text that is not JSON, or nests too deeply to be a real call, stays content)."""
+    try:  # bounded: a grammar can make the model nest thousands of levels
+        obj = loads_bounded(body)
     except ValueError:
         return None
     if not isinstance(obj, dict) or obj.get("name") not in tools:
@@ -38,7 +40,7 @@ def parse_call(body: str, tools: set[str]) -> ToolCall | None:
     arguments = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(arguments, str):  # some models write the arguments as a JSON string already
         try:
-            arguments = json.loads(arguments)
+            arguments = loads_bounded(arguments)
         except ValueError:
             return None
     if not isinstance(arguments, dict):

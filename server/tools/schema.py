@@ -15,26 +15,14 @@ from typing import Annotated, Any, Literal
 import jsonschema
 from pydantic import AfterValidator, Field, PlainValidator, field_validator
 
+from server.http.jsonio import MAX_JSON_DEPTH, loads_bounded, nesting_depth
 from server.openai.schemas.base import Schema, invalid
 
 FUNCTION_NAME = r"[A-Za-z0-9_.-]{1,64}"  # OpenAI's rule for a function's name
 FunctionName = Annotated[str, Field(pattern=f"^{FUNCTION_NAME}$")]
 
 
-MAX_PARAMETERS_DEPTH = 64
 MAX_CACHED_SCHEMA_BYTES = 64 * 1024  # the meta-schema cache holds at most 256 x 64 KiB
-
-
-def _nesting_depth(value: Any) -> int:
-    """How deeply objects and arrays nest in ``value``, counted without recursion (a body may nest
-    a thousand levels; the meta-schema check below recurses several frames per level)."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        item, depth = todo.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, depth)
-            todo.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
 
 
 def _parameters_schema(value: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -43,8 +31,8 @@ def _parameters_schema(value: dict[str, Any] | None) -> dict[str, Any] | None:
     naming it rather than a prompt the model cannot follow or a grammar that fails later."""
     if value is None:
         return value
-    if _nesting_depth(value) > MAX_PARAMETERS_DEPTH:
-        raise invalid("nests deeper than {limit} levels.", limit=MAX_PARAMETERS_DEPTH)
+    if nesting_depth(value) > MAX_JSON_DEPTH:
+        raise invalid("nests deeper than {limit} levels.", limit=MAX_JSON_DEPTH)
     text = json.dumps(value, sort_keys=True)  # not orjson: a body may hold integers beyond 64 bits
     check = _meta_schema_problem if len(text) <= MAX_CACHED_SCHEMA_BYTES else _meta_schema_problem.__wrapped__
     problem = check(text)
@@ -122,9 +110,9 @@ class FunctionCall(Schema):
     @classmethod
     def _json_object(cls, value: str) -> str:
         try:
-            parsed = json.loads(value)
-        except ValueError:
-            raise invalid("must be a JSON object written as a string.") from None
+            parsed = loads_bounded(value)
+        except ValueError as exc:
+            raise invalid("must be a JSON object written as a string ({reason}).", reason=str(exc)[:200]) from None
         if not isinstance(parsed, dict):
             raise invalid("must be a JSON object written as a string.")
         return value

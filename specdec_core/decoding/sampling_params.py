@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from specdec_core.decoding.structured_output import StructuredOutput
+
+# Temperatures below this are greedy (as in vLLM): dividing logits by 1e-38 overflows float32 to
+# inf, and the softmax of that is NaN, so sampling produced garbage rather than the argmax it tends to.
+GREEDY_BELOW = 1e-5
 
 
 @dataclass
@@ -18,6 +23,7 @@ class SamplingParams:
     ``logit_bias``: token id -> value in [-100, 100] added to that token's logit before warping
     (draft and target alike). ``min_tokens``: EOS and ``stop_token_ids`` are masked until this many
     tokens were generated. ``structured``: the output must match it (see ``structured_output``).
+    A ``temperature`` below ``GREEDY_BELOW`` (1e-5) is greedy, as 0 is.
     """
 
     max_tokens: int = 16
@@ -66,8 +72,22 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def outside_vocab(vocab_size: int, named_ids: dict[str, Iterable[int]]) -> tuple[str, int] | None:
+    """The first token id outside ``[0, vocab_size)`` and the field that names it, else None.
+
+    The one rule for every id a request names (prompt ids, ``stop_token_ids``, ``logit_bias``
+    keys): an id past the vocabulary used to reach the sampler and fail the whole batch there
+    (an ``IndexError`` in the ban mask), so the server checks it while validating (a 400) and the
+    engine again at its own boundary (a ``ValueError``)."""
+    for name, ids in named_ids.items():
+        for tid in ids:
+            if not isinstance(tid, int) or isinstance(tid, bool) or not 0 <= tid < vocab_size:
+                return name, tid
+    return None

@@ -21,7 +21,7 @@ from server.openai.schemas.base import (
     TokenIds,
     invalid,
 )
-from specdec_core.decoding.sampling_params import SamplingParams
+from specdec_core.decoding.sampling_params import SamplingParams, outside_vocab
 from specdec_core.decoding.structured_output import StructuredOutput
 
 
@@ -192,11 +192,12 @@ class GenerationRequest(Schema):
 
     def check_engine_limits(self, vocab_size: int, max_tokens: int) -> None:
         """What the schema cannot know: the vocabulary and the completion budget (400 if broken)."""
-        bad = [key for key in self.logit_bias if int(key) >= vocab_size]
-        if bad:
+        bad = outside_vocab(vocab_size, {"stop_token_ids": self.stop_token_ids,
+                                         "logit_bias": (int(key) for key in self.logit_bias)})
+        if bad is not None:
             raise invalid_request(
-                f"'logit_bias' has token id {bad[0]}, outside the vocabulary (valid ids: 0 <= id < {vocab_size}).",
-                "logit_bias", code="invalid_token_id")
+                f"'{bad[0]}' has token id {bad[1]}, outside the vocabulary (valid ids: 0 <= id < {vocab_size}).",
+                bad[0], code="invalid_token_id")
         if self.min_tokens > max_tokens:
             raise invalid_request(
                 f"'min_tokens' ({self.min_tokens}) is more than the completion may have ({max_tokens} tokens).", "min_tokens")
