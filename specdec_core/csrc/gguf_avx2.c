@@ -1,0 +1,220 @@
+/* AVX2 + FMA tiles. The weight bytes of a block are unpacked once and multiplied into up to
+ * ROW_TILE activation rows (vpmaddubsw: unsigned 4/5/6-bit weights or |int8| times signed int8
+ * activations, pairs exact in int16; vpmaddwd with the sub-block scales, exact in int32); one FMA
+ * per block and row folds the integer sum into a float accumulator. Each row's instruction
+ * sequence is the same for every tile size (R is a compile-time constant per instantiation and the
+ * per-row code does not depend on it), so a row's result does not depend on the other rows. */
+#if defined(__x86_64__) || defined(__i386__)
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+#include <string.h>
+
+#include "gguf_kernels.h"
+
+#define INLINE static inline __attribute__((always_inline))
+#define ROW(type, r) ((const type *)(act + (size_t)(r) * stride))
+
+INLINE float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
+/* 0xFF in byte i where bit i of the 32-bit word at p is set (ggml's bytes_from_bits_32). */
+INLINE __m256i bits_to_bytes(const uint8_t *p) {
+    uint32_t x32;
+    memcpy(&x32, p, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x32), shuf);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+/* The 32 values of a Q4_0/Q4_1/Q5_0/Q5_1 block as bytes in element order (0..15 or 0..31). */
+INLINE __m256i unpack32(const uint8_t *qs, const uint8_t *qh) {
+    const __m128i tmp = _mm_loadu_si128((const __m128i *)qs);
+    __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp), _mm256_set1_epi8(0x0F));
+    if (qh) q = _mm256_or_si256(q, _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
+    return q;
+}
+
+/* One block of 32: weights (unsigned, or signed when `offset` is subtracted) against act_32 rows. */
+INLINE void tile32(int type, const uint8_t *w, int nb, const uint8_t *act, size_t stride, const int R,
+                   float *out, size_t ldo) {
+    const size_t bsize = type == T_Q4_0 ? sizeof(blk_q4_0) : type == T_Q4_1 ? sizeof(blk_q4_1)
+                       : type == T_Q5_0 ? sizeof(blk_q5_0) : type == T_Q5_1 ? sizeof(blk_q5_1) : sizeof(blk_q8_0);
+    const int has_min = type == T_Q4_1 || type == T_Q5_1;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[ROW_TILE];
+    float summ[ROW_TILE];
+    for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); summ[r] = 0.0f; }
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * bsize;
+        uint16_t d16, m16 = 0;
+        memcpy(&d16, blk, 2);
+        if (has_min) memcpy(&m16, blk + 2, 2);
+        const float d = h2f(d16), m = h2f(m16);
+        __m256i q; /* signed weights for Q8_0/Q4_0/Q5_0, unsigned for Q4_1/Q5_1 */
+        switch (type) {
+        case T_Q8_0: q = _mm256_loadu_si256((const __m256i *)(blk + 2)); break;
+        case T_Q4_0: q = _mm256_sub_epi8(unpack32(blk + 2, NULL), _mm256_set1_epi8(8)); break;
+        case T_Q5_0: q = _mm256_sub_epi8(unpack32(blk + 6, blk + 2), _mm256_set1_epi8(16)); break;
+        case T_Q4_1: q = unpack32(blk + 4, NULL); break;
+        default: q = unpack32(blk + 8, blk + 4); break;
+        }
+        const __m256i qabs = has_min ? q : _mm256_sign_epi8(q, q);
+        for (int r = 0; r < R; r++) {
+            const act_32 *a = ROW(act_32, r) + b;
+            __m256i av = _mm256_loadu_si256((const __m256i *)a->qs);
+            if (!has_min) av = _mm256_sign_epi8(av, q);
+            const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(qabs, av), ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * a->d), acc[r]);
+            if (has_min) summ[r] += m * a->s;
+        }
+    }
+    for (int r = 0; r < R; r++) out[r * ldo] = hsum(acc[r]) + summ[r];
+}
+
+/* Q4_K / Q5_K: sc/min unpacked with ggml's mask trick; bytes 0..7 scales, 8..15 mins. */
+INLINE void tile_k45(const int five, const uint8_t *w, int nb, const uint8_t *act, size_t stride, const int R,
+                     float *out, size_t ldo) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const size_t bsize = five ? sizeof(blk_q5_K) : sizeof(blk_q4_K);
+    __m256 acc[ROW_TILE];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = w + (size_t)b * bsize;
+        const blk_q4_K *x4 = (const blk_q4_K *)blk;
+        const uint8_t *qs = five ? ((const blk_q5_K *)blk)->qs : x4->qs;
+        uint32_t u[4];
+        memcpy(u, x4->scales, 12);
+        u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+        const uint32_t aux = u[1] & 0x3f3f3f3f;
+        u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+        u[2] = aux;
+        u[0] &= 0x3f3f3f3f;
+        const uint8_t *sc = (const uint8_t *)u;
+        const __m128i mins = _mm_loadu_si128((const __m128i *)u);
+        const __m256i mins2 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(mins, mins));
+        const float d = h2f(x4->d), dmin = h2f(x4->dmin);
+        __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)((const blk_q5_K *)blk)->qh) : _mm256_setzero_si256();
+        __m256i isum[ROW_TILE];
+        for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            __m256i qlo = _mm256_and_si256(bits, m4), qhi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            if (five) {
+                qlo = _mm256_or_si256(qlo, _mm256_slli_epi16(_mm256_and_si256(hbits, one), 4));
+                qhi = _mm256_or_si256(qhi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 1), one), 4));
+                hbits = _mm256_srli_epi16(hbits, 2);
+            }
+            const __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]);
+            for (int r = 0; r < R; r++) {
+                const int8_t *aq = (ROW(act_k, r) + b)->qs + 64 * j;
+                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(qlo, _mm256_loadu_si256((const __m256i *)aq)), slo);
+                const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(qhi, _mm256_loadu_si256((const __m256i *)(aq + 32))), shi);
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const act_k *a = ROW(act_k, r) + b;
+            const __m256i pm = _mm256_madd_epi16(mins2, _mm256_loadu_si256((const __m256i *)a->bsum16));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * a->d), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_set1_ps(dmin * a->d), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r * ldo] = hsum(acc[r]);
+}
+
+/* Q6_K: 6-bit unsigned q (the -32 comes back through the exact activation sums), one int8 scale
+ * per 16 values: the low 128-bit lane of a 32-value group uses scale 2g, the high lane 2g+1. */
+INLINE void tile_q6k(const uint8_t *w, int nb, const uint8_t *act, size_t stride, const int R, float *out, size_t ldo) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[ROW_TILE];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const blk_q6_K *x = (const blk_q6_K *)w + b;
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)x->scales);
+        const float d = h2f(x->d);
+        __m256i isum[ROW_TILE];
+        for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
+            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+            q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            for (int g = 0; g < 4; g++) {
+                const long long s0 = 8 * h + 2 * g;
+                const __m128i shuf = _mm_set_epi64x((s0 + 1) * 0x0101010101010101LL, s0 * 0x0101010101010101LL);
+                const __m256i scale = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, shuf));
+                for (int r = 0; r < R; r++) {
+                    const int8_t *aq = (ROW(act_k, r) + b)->qs + 128 * h + 32 * g;
+                    const __m256i p = _mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *)aq));
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, scale));
+                }
+            }
+        }
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        for (int r = 0; r < R; r++) {
+            const act_k *a = ROW(act_k, r) + b;
+            const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a->bsum16));
+            isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(off, 5));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * a->d), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r * ldo] = hsum(acc[r]);
+}
+
+/* One instantiation per (format, tile size): R is a constant inside each. */
+#define DEFINE_TILES(name, call)                                                                                \
+    static void name##_1(const uint8_t *w, int nb, const uint8_t *act, size_t stride, float *out, size_t ldo) { call(1); } \
+    static void name##_2(const uint8_t *w, int nb, const uint8_t *act, size_t stride, float *out, size_t ldo) { call(2); } \
+    static void name##_3(const uint8_t *w, int nb, const uint8_t *act, size_t stride, float *out, size_t ldo) { call(3); } \
+    static void name##_4(const uint8_t *w, int nb, const uint8_t *act, size_t stride, float *out, size_t ldo) { call(4); } \
+    static void name(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out, size_t ldo) { \
+        switch (rows) {                                                                                         \
+        case 1: name##_1(w, nb, act, stride, out, ldo); break;                                                  \
+        case 2: name##_2(w, nb, act, stride, out, ldo); break;                                                  \
+        case 3: name##_3(w, nb, act, stride, out, ldo); break;                                                  \
+        default: name##_4(w, nb, act, stride, out, ldo); break;                                                 \
+        }                                                                                                       \
+    }
+
+#define CALL_Q8_0(R) tile32(T_Q8_0, w, nb, act, stride, R, out, ldo)
+#define CALL_Q4_0(R) tile32(T_Q4_0, w, nb, act, stride, R, out, ldo)
+#define CALL_Q4_1(R) tile32(T_Q4_1, w, nb, act, stride, R, out, ldo)
+#define CALL_Q5_0(R) tile32(T_Q5_0, w, nb, act, stride, R, out, ldo)
+#define CALL_Q5_1(R) tile32(T_Q5_1, w, nb, act, stride, R, out, ldo)
+#define CALL_Q4_K(R) tile_k45(0, w, nb, act, stride, R, out, ldo)
+#define CALL_Q5_K(R) tile_k45(1, w, nb, act, stride, R, out, ldo)
+#define CALL_Q6_K(R) tile_q6k(w, nb, act, stride, R, out, ldo)
+DEFINE_TILES(avx2_q8_0, CALL_Q8_0)
+DEFINE_TILES(avx2_q4_0, CALL_Q4_0)
+DEFINE_TILES(avx2_q4_1, CALL_Q4_1)
+DEFINE_TILES(avx2_q5_0, CALL_Q5_0)
+DEFINE_TILES(avx2_q5_1, CALL_Q5_1)
+DEFINE_TILES(avx2_q4_K, CALL_Q4_K)
+DEFINE_TILES(avx2_q5_K, CALL_Q5_K)
+DEFINE_TILES(avx2_q6_K, CALL_Q6_K)
+
+tile_fn sd_avx2_tile(int type) {
+    switch (type) {
+    case T_Q4_0: return avx2_q4_0;
+    case T_Q4_1: return avx2_q4_1;
+    case T_Q5_0: return avx2_q5_0;
+    case T_Q5_1: return avx2_q5_1;
+    case T_Q8_0: return avx2_q8_0;
+    case T_Q4_K: return avx2_q4_K;
+    case T_Q5_K: return avx2_q5_K;
+    case T_Q6_K: return avx2_q6_K;
+    default: return NULL;
+    }
+}
+#endif

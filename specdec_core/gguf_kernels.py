@@ -1,0 +1,138 @@
+"""The C kernels that multiply activations by a GGUF file's own quantized blocks (``csrc/``).
+
+Why our own: torch has no fast low-bit CPU kernel on AVX2 (``_weight_int4pack_mm_for_cpu`` is
+compute-bound at ~7 GB/s, see the design notes, section 7), and the GGUF blocks are what the user
+downloaded. The kernel quantizes each activation row to 8 bits on its own (one scale per 256
+values for the K-quants, per 32 for the others, like ggml's Q8_K/Q8_0), so a row's result never
+depends on the other rows of the call.
+
+The library is built at install (``setup.py``, an optional extension: an install without a C
+compiler still succeeds) or, failing that, compiled on first use with ``cc`` into the cache
+directory. ``available()`` says whether either worked; ``library()`` raises a ``RuntimeError``
+that names what is missing otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCES = ("gguf_gemm.c", "gguf_scalar.c", "gguf_avx2.c")
+HEADERS = ("gguf_kernels.h",)
+CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
+CSRC = Path(__file__).with_name("csrc")
+
+# GGML type ids (``gguf.GGMLQuantizationType``) the kernels execute.
+SUPPORTED_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_error: str | None = None
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.sd_gguf_gemm.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
+    lib.sd_gguf_gemm.restype = ctypes.c_int
+    lib.sd_gguf_row_bytes.argtypes = [ctypes.c_int, i64]
+    lib.sd_gguf_row_bytes.restype = i64
+    lib.sd_gguf_set_impl.argtypes = [ctypes.c_int]
+    lib.sd_gguf_set_impl.restype = ctypes.c_int
+    return lib
+
+
+def _installed_extension() -> Path | None:
+    """The shared library ``setup.py`` built at install, if it did."""
+    try:
+        spec = importlib.util.find_spec("specdec_core._gguf_kernels")
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+def _compile_into_cache() -> Path:
+    """Compile the sources with the system C compiler into the cache, keyed by their content."""
+    digest = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        digest.update((CSRC / name).read_bytes())
+    digest.update(" ".join(CFLAGS).encode())
+    from .config import default_cache_dir
+
+    out_dir = default_cache_dir() / "kernels"
+    target = out_dir / f"libgguf_kernels-{digest.hexdigest()[:16]}.so"
+    if target.is_file():
+        return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("the GGUF block kernels were not built at install and no C compiler (cc/gcc) is on PATH; "
+                           "install gcc and reinstall specdec, or use --quantize int8")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        partial = Path(tmp) / target.name
+        cmd = [compiler, *CFLAGS, "-o", str(partial), *(str(CSRC / s) for s in SOURCES), "-lm"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"compiling the GGUF block kernels failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
+        os.replace(partial, target)
+    return target
+
+
+def library() -> ctypes.CDLL:
+    """The loaded kernel library (built at install, else compiled once into the cache)."""
+    global _lib, _error
+    with _lock:
+        if _lib is None:
+            if _error is not None:
+                raise RuntimeError(_error)
+            try:
+                path = _installed_extension() or _compile_into_cache()
+                _lib = _bind(ctypes.CDLL(str(path)))
+            except (OSError, RuntimeError) as exc:
+                _error = f"GGUF block kernels unavailable: {exc}"
+                raise RuntimeError(_error) from exc
+        return _lib
+
+
+def available() -> bool:
+    """True when the kernels can run here (``library()`` would succeed)."""
+    try:
+        library()
+    except RuntimeError:
+        return False
+    return True
+
+
+def row_bytes(ggml_type: int, in_features: int) -> int:
+    """Bytes of one weight row of ``in_features`` values; 0 when the kernels cannot run it."""
+    return int(library().sd_gguf_row_bytes(ggml_type, in_features))
+
+
+def use_portable_kernels(portable: bool) -> str:
+    """Switch between the portable scalar kernels and the best this CPU runs (tests compare both);
+    returns the active implementation, ``"scalar"`` or ``"avx2"``."""
+    return "scalar" if library().sd_gguf_set_impl(int(portable)) == 1 else "avx2"
+
+
+def gemm(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, out: torch.Tensor, threads: int | None = None) -> None:
+    """``out[:, :N] = x @ W.T`` with ``W`` the ``N`` rows of GGUF blocks in ``blocks`` (uint8
+    ``[N, row_bytes]``); ``x`` is float32 ``[M, K]`` with unit stride along ``K``; ``out`` float32
+    ``[M, >= N]`` with unit stride along its columns (a column slice of a wider output is fine)."""
+    m, k = x.shape
+    n = blocks.shape[0]
+    if x.dtype != torch.float32 or out.dtype != torch.float32 or blocks.dtype != torch.uint8:
+        raise TypeError("gemm wants float32 activations/output and uint8 blocks")
+    if x.stride(1) != 1 or out.stride(1) != 1 or not blocks.is_contiguous() or out.shape[0] != m:
+        raise ValueError("gemm wants unit-stride rows, contiguous blocks and one output row per input row")
+    rc = library().sd_gguf_gemm(ggml_type, blocks.data_ptr(), n, k, x.data_ptr(), m, x.stride(0),
+                                out.data_ptr(), out.stride(0), threads or torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"the GGUF kernel refused type {ggml_type} with {k} inputs (rc {rc})")
