@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .gguf_weights import attach_block_weights, detach_block_weights
 from .kv_cache import PackedLayout, SlotKVCache
 from .linear_kernels import Quantize, prepare_linears
 from .native_llama import Batch, NativeLlama, Segment, supports_native
@@ -64,6 +65,15 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.native: NativeLlama | None = None
+        # gguf: the linears of a model converted from a GGUF file get the file's blocks while preparing
+        self.block_layers = attach_block_weights(model) if quantize == "gguf" else 0
+        try:
+            self._prepare(model, quantize, max_len, release_weights, head_rows)
+        finally:
+            detach_block_weights(model)
+
+    def _prepare(self, model: torch.nn.Module, quantize: Quantize, max_len: int, release_weights: bool,
+                 head_rows: list[int] | None) -> None:
         if supports_native(model, max_len):
             self.native = NativeLlama(model, quantize, max_len, release=release_weights, head_rows=head_rows)
             self.path = "native"
