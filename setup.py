@@ -1,0 +1,26 @@
+"""Builds the GGUF block kernels (``specdec_core/csrc``) at install; everything else is in
+pyproject.toml.
+
+The extension is optional: without a C compiler the install still succeeds, and
+``specdec_core.gguf_kernels`` compiles the same sources on first use if a compiler appears later
+(``--quantize gguf`` needs one of the two; every other mode needs neither).
+"""
+
+from setuptools import Extension, setup
+
+CSRC = "specdec_core/csrc/"
+
+setup(
+    ext_modules=[
+        Extension(
+            "specdec_core._gguf_kernels",
+            sources=[CSRC + name for name in ("gguf_module.c", "gguf_gemm.c", "gguf_scalar.c", "gguf_avx2.c")],
+            depends=[CSRC + "gguf_kernels.h"],
+            # no FMA contraction: a row's float steps must be the same in every tile instantiation
+            extra_compile_args=["-O3", "-ffp-contract=off", "-pthread"],
+            extra_link_args=["-pthread"],
+            libraries=["m"],
+            optional=True,
+        )
+    ]
+)
