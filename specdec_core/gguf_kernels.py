@@ -39,6 +39,14 @@ _lib: ctypes.CDLL | None = None
 _error: str | None = None
 
 
+def sources_hash() -> str:
+    """sha256 of the kernel sources (``setup.py`` computes the same and compiles it in)."""
+    digest = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        digest.update((CSRC / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.sd_gguf_gemm.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
@@ -47,6 +55,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.sd_gguf_row_bytes.restype = i64
     lib.sd_gguf_set_impl.argtypes = [ctypes.c_int]
     lib.sd_gguf_set_impl.restype = ctypes.c_int
+    lib.sd_gguf_sources_hash.restype = ctypes.c_char_p
     return lib
 
 
@@ -61,14 +70,11 @@ def _installed_extension() -> Path | None:
 
 def _compile_into_cache() -> Path:
     """Compile the sources with the system C compiler into the cache, keyed by their content."""
-    digest = hashlib.sha256()
-    for name in SOURCES + HEADERS:
-        digest.update((CSRC / name).read_bytes())
-    digest.update(" ".join(CFLAGS).encode())
     from .config import default_cache_dir
 
+    digest = sources_hash()
     out_dir = default_cache_dir() / "kernels"
-    target = out_dir / f"libgguf_kernels-{digest.hexdigest()[:16]}.so"
+    target = out_dir / f"libgguf_kernels-{digest}.so"
     if target.is_file():
         return target
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -78,7 +84,8 @@ def _compile_into_cache() -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         partial = Path(tmp) / target.name
-        cmd = [compiler, *CFLAGS, "-o", str(partial), *(str(CSRC / s) for s in SOURCES), "-lm"]
+        cmd = [compiler, *CFLAGS, f'-DSD_SOURCES_HASH="{digest}"', "-o", str(partial),
+               *(str(CSRC / s) for s in SOURCES), "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"compiling the GGUF block kernels failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
@@ -94,8 +101,13 @@ def library() -> ctypes.CDLL:
             if _error is not None:
                 raise RuntimeError(_error)
             try:
-                path = _installed_extension() or _compile_into_cache()
-                _lib = _bind(ctypes.CDLL(str(path)))
+                lib = None
+                installed = _installed_extension()
+                if installed is not None:
+                    lib = _bind(ctypes.CDLL(str(installed)))
+                    if CSRC.is_dir() and lib.sd_gguf_sources_hash().decode() != sources_hash():
+                        lib = None  # built from older sources (an editable install): compile afresh
+                _lib = lib or _bind(ctypes.CDLL(str(_compile_into_cache())))
             except (OSError, RuntimeError) as exc:
                 _error = f"GGUF block kernels unavailable: {exc}"
                 raise RuntimeError(_error) from exc

@@ -12,6 +12,8 @@
 #include "gguf_kernels.h"
 
 #define INLINE static inline __attribute__((always_inline))
+/* fixed-count loops fully unrolled: the per-row accumulator arrays then live in registers */
+#define UNROLL _Pragma("GCC unroll 8")
 #define ROW(type, r) ((const type *)(act + (size_t)(r) * stride))
 
 INLINE float hsum(__m256 v) {
@@ -50,6 +52,7 @@ INLINE void tile32(int type, const uint8_t *w, int nb, const uint8_t *act, size_
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[ROW_TILE];
     float summ[ROW_TILE];
+    UNROLL
     for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); summ[r] = 0.0f; }
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * bsize;
@@ -66,6 +69,7 @@ INLINE void tile32(int type, const uint8_t *w, int nb, const uint8_t *act, size_
         default: q = unpack32(blk + 8, blk + 4); break;
         }
         const __m256i qabs = has_min ? q : _mm256_sign_epi8(q, q);
+        UNROLL
         for (int r = 0; r < R; r++) {
             const act_32 *a = ROW(act_32, r) + b;
             __m256i av = _mm256_loadu_si256((const __m256i *)a->qs);
@@ -75,6 +79,7 @@ INLINE void tile32(int type, const uint8_t *w, int nb, const uint8_t *act, size_
             if (has_min) summ[r] += m * a->s;
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++) out[r * ldo] = hsum(acc[r]) + summ[r];
 }
 
@@ -84,25 +89,30 @@ INLINE void tile_k45(const int five, const uint8_t *w, int nb, const uint8_t *ac
     const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     const size_t bsize = five ? sizeof(blk_q5_K) : sizeof(blk_q4_K);
     __m256 acc[ROW_TILE];
+    UNROLL
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = w + (size_t)b * bsize;
         const blk_q4_K *x4 = (const blk_q4_K *)blk;
         const uint8_t *qs = five ? ((const blk_q5_K *)blk)->qs : x4->qs;
-        uint32_t u[4];
-        memcpy(u, x4->scales, 12);
-        u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
-        const uint32_t aux = u[1] & 0x3f3f3f3f;
-        u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
-        u[2] = aux;
-        u[0] &= 0x3f3f3f3f;
-        const uint8_t *sc = (const uint8_t *)u;
-        const __m128i mins = _mm_loadu_si128((const __m128i *)u);
-        const __m256i mins2 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(mins, mins));
+        uint32_t u0, u1, u2;
+        memcpy(&u0, x4->scales, 4);
+        memcpy(&u1, x4->scales + 4, 4);
+        memcpy(&u2, x4->scales + 8, 4);
+        /* in registers, not through a stack array: four 32-bit stores read back as one 128-bit
+         * load would miss store-to-load forwarding */
+        const __m128i sm = _mm_set_epi32((int)(((u2 >> 4) & 0x0f0f0f0f) | (((u1 >> 6) & 0x03030303) << 4)),
+                                         (int)(u1 & 0x3f3f3f3f),
+                                         (int)((u2 & 0x0f0f0f0f) | (((u0 >> 6) & 0x03030303) << 4)),
+                                         (int)(u0 & 0x3f3f3f3f));
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)); /* sc0..7 as int16, both lanes */
+        const __m256i mins2 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
         const float d = h2f(x4->d), dmin = h2f(x4->dmin);
         __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)((const blk_q5_K *)blk)->qh) : _mm256_setzero_si256();
         __m256i isum[ROW_TILE];
+        UNROLL
         for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+        UNROLL
         for (int j = 0; j < 4; j++) {
             const __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             __m256i qlo = _mm256_and_si256(bits, m4), qhi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
@@ -111,7 +121,9 @@ INLINE void tile_k45(const int five, const uint8_t *w, int nb, const uint8_t *ac
                 qhi = _mm256_or_si256(qhi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 1), one), 4));
                 hbits = _mm256_srli_epi16(hbits, 2);
             }
-            const __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]);
+            const __m256i slo = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0100 + 0x0404 * j)));
+            const __m256i shi = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0302 + 0x0404 * j)));
+            UNROLL
             for (int r = 0; r < R; r++) {
                 const int8_t *aq = (ROW(act_k, r) + b)->qs + 64 * j;
                 const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(qlo, _mm256_loadu_si256((const __m256i *)aq)), slo);
@@ -119,6 +131,7 @@ INLINE void tile_k45(const int five, const uint8_t *w, int nb, const uint8_t *ac
                 isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
             }
         }
+        UNROLL
         for (int r = 0; r < R; r++) {
             const act_k *a = ROW(act_k, r) + b;
             const __m256i pm = _mm256_madd_epi16(mins2, _mm256_loadu_si256((const __m256i *)a->bsum16));
@@ -126,6 +139,7 @@ INLINE void tile_k45(const int five, const uint8_t *w, int nb, const uint8_t *ac
             acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_set1_ps(dmin * a->d), acc[r]);
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++) out[r * ldo] = hsum(acc[r]);
 }
 
@@ -134,13 +148,16 @@ INLINE void tile_k45(const int five, const uint8_t *w, int nb, const uint8_t *ac
 INLINE void tile_q6k(const uint8_t *w, int nb, const uint8_t *act, size_t stride, const int R, float *out, size_t ldo) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     __m256 acc[ROW_TILE];
+    UNROLL
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const blk_q6_K *x = (const blk_q6_K *)w + b;
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)x->scales);
         const float d = h2f(x->d);
         __m256i isum[ROW_TILE];
+        UNROLL
         for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+        UNROLL
         for (int h = 0; h < 2; h++) {
             const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
             const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
@@ -150,10 +167,13 @@ INLINE void tile_q6k(const uint8_t *w, int nb, const uint8_t *act, size_t stride
             q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
             q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+            const __m256i half = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_srli_si128(sc8, 8) : sc8));
+            UNROLL
             for (int g = 0; g < 4; g++) {
-                const long long s0 = 8 * h + 2 * g;
-                const __m128i shuf = _mm_set_epi64x((s0 + 1) * 0x0101010101010101LL, s0 * 0x0101010101010101LL);
-                const __m256i scale = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, shuf));
+                const __m256i pick = _mm256_set_m128i(_mm_set1_epi16((short)(0x0302 + 0x0404 * g)),
+                                                      _mm_set1_epi16((short)(0x0100 + 0x0404 * g)));
+                const __m256i scale = _mm256_shuffle_epi8(half, pick);
+                UNROLL
                 for (int r = 0; r < R; r++) {
                     const int8_t *aq = (ROW(act_k, r) + b)->qs + 128 * h + 32 * g;
                     const __m256i p = _mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *)aq));
@@ -162,6 +182,7 @@ INLINE void tile_q6k(const uint8_t *w, int nb, const uint8_t *act, size_t stride
             }
         }
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        UNROLL
         for (int r = 0; r < R; r++) {
             const act_k *a = ROW(act_k, r) + b;
             const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a->bsum16));
@@ -169,6 +190,7 @@ INLINE void tile_q6k(const uint8_t *w, int nb, const uint8_t *act, size_t stride
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * a->d), acc[r]);
         }
     }
+    UNROLL
     for (int r = 0; r < R; r++) out[r * ldo] = hsum(acc[r]);
 }
 

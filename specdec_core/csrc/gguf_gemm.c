@@ -17,6 +17,14 @@
 
 #define MAX_THREADS 64
 
+#ifndef SD_SOURCES_HASH
+#define SD_SOURCES_HASH "unknown"
+#endif
+
+/* The hash of the sources this library was built from: Python rebuilds a stale library (an
+ * editable install keeps the extension it built, whatever the sources became since). */
+const char *sd_gguf_sources_hash(void) { return SD_SOURCES_HASH; }
+
 static int use_scalar = -1; /* -1: not decided yet */
 
 static int detect_scalar(void) {
