@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("gguf_gemm.c", "gguf_scalar.c", "gguf_avx2.c")
+SOURCES = ("gguf_gemm.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c")
 HEADERS = ("gguf_kernels.h",)
 CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 CSRC = Path(__file__).with_name("csrc")
@@ -55,8 +55,23 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.sd_gguf_row_bytes.restype = i64
     lib.sd_gguf_set_impl.argtypes = [ctypes.c_int]
     lib.sd_gguf_set_impl.restype = ctypes.c_int
-    lib.sd_gguf_sources_hash.restype = ctypes.c_char_p
+    lib.sd_gguf_x8_type.argtypes = [ctypes.c_int]
+    lib.sd_gguf_x8_type.restype = ctypes.c_int
+    lib.sd_gguf_x8_bytes.argtypes = [ctypes.c_int, i64, i64]
+    lib.sd_gguf_x8_bytes.restype = i64
+    lib.sd_gguf_x8_pack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
+    lib.sd_gguf_x8_pack.restype = ctypes.c_int
     return lib
+
+
+def _built_from(lib: ctypes.CDLL) -> str:
+    """The source hash compiled into ``lib`` ("" for a library older than the hash itself)."""
+    try:
+        fn = lib.sd_gguf_sources_hash
+    except AttributeError:
+        return ""
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
 
 
 def _installed_extension() -> Path | None:
@@ -104,10 +119,10 @@ def library() -> ctypes.CDLL:
                 lib = None
                 installed = _installed_extension()
                 if installed is not None:
-                    lib = _bind(ctypes.CDLL(str(installed)))
-                    if CSRC.is_dir() and lib.sd_gguf_sources_hash().decode() != sources_hash():
+                    lib = ctypes.CDLL(str(installed))
+                    if CSRC.is_dir() and _built_from(lib) != sources_hash():
                         lib = None  # built from older sources (an editable install): compile afresh
-                _lib = lib or _bind(ctypes.CDLL(str(_compile_into_cache())))
+                _lib = _bind(lib or ctypes.CDLL(str(_compile_into_cache())))
             except (OSError, RuntimeError) as exc:
                 _error = f"GGUF block kernels unavailable: {exc}"
                 raise RuntimeError(_error) from exc
@@ -134,15 +149,33 @@ def use_portable_kernels(portable: bool) -> str:
     return "scalar" if library().sd_gguf_set_impl(int(portable)) == 1 else "avx2"
 
 
+def repack(ggml_type: int, blocks: torch.Tensor, in_features: int) -> tuple[int, torch.Tensor] | None:
+    """The layout the active kernels multiply fastest, when it is not the file's own: (the type
+    code to pass to ``gemm``, the repacked bytes); None to use ``blocks`` as they are. Q4_K on
+    AVX2 is repacked 8 output rows at a time (``csrc/gguf_x8.c``: about half the instructions)."""
+    lib = library()
+    code = lib.sd_gguf_x8_type(ggml_type)
+    n = blocks.shape[0]
+    size = lib.sd_gguf_x8_bytes(ggml_type, n, in_features) if code else 0
+    if not size:
+        return None
+    blocks = blocks.contiguous()
+    packed = torch.empty(size, dtype=torch.uint8)
+    if lib.sd_gguf_x8_pack(ggml_type, blocks.data_ptr(), n, in_features, packed.data_ptr()) != 0:
+        return None
+    return code, packed
+
+
 def gemm(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, out: torch.Tensor, threads: int | None = None) -> None:
     """``out[:, :N] = x @ W.T`` with ``W`` the ``N`` rows of GGUF blocks in ``blocks`` (uint8
-    ``[N, row_bytes]``); ``x`` is float32 ``[M, K]`` with unit stride along ``K``; ``out`` float32
-    ``[M, >= N]`` with unit stride along its columns (a column slice of a wider output is fine)."""
+    ``[N, row_bytes]``, or a ``repack`` of them with its type code and ``rows=N``); ``x`` is float32
+    ``[M, K]`` with unit stride along ``K``; ``out`` float32 ``[M, N]`` with unit stride along its
+    columns (a column slice of a wider output is fine)."""
     m, k = x.shape
-    n = blocks.shape[0]
+    n = out.shape[1] if blocks.dim() == 1 else blocks.shape[0]
     if x.dtype != torch.float32 or out.dtype != torch.float32 or blocks.dtype != torch.uint8:
         raise TypeError("gemm wants float32 activations/output and uint8 blocks")
-    if x.stride(1) != 1 or out.stride(1) != 1 or not blocks.is_contiguous() or out.shape[0] != m:
+    if x.stride(1) != 1 or out.stride(1) != 1 or not blocks.is_contiguous() or out.shape[0] != m or n != out.shape[1]:
         raise ValueError("gemm wants unit-stride rows, contiguous blocks and one output row per input row")
     rc = library().sd_gguf_gemm(ggml_type, blocks.data_ptr(), n, k, x.data_ptr(), m, x.stride(0),
                                 out.data_ptr(), out.stride(0), threads or torch.get_num_threads())

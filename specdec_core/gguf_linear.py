@@ -65,17 +65,24 @@ class GGUFLinear(PreparedLinear):
                 part = BlockWeight(part.ggml_type, torch.cat([last.blocks, part.blocks]), in_features)
             merged.append(BlockWeight(part.ggml_type, part.blocks.contiguous(), in_features))
         super().__init__(in_features, sum(p.out_features for p in merged))
-        self.parts = merged
+        self.formats = [p.type_name for p in merged]
+        # (type code, bytes, output rows) per kernel call, in the active kernels' fastest layout;
+        # the file's layout is not kept beside a repacked copy
+        self.calls: list[tuple[int, torch.Tensor, int]] = []
+        for part in merged:
+            packed = gguf_kernels.repack(part.ggml_type, part.blocks, in_features)
+            code, data = packed if packed is not None else (part.ggml_type, part.blocks)
+            self.calls.append((code, data, part.out_features))
         self.bias = None if bias is None else bias.detach().float().contiguous()
 
     def extra_repr(self) -> str:
-        types = "+".join(p.type_name for p in self.parts)
+        types = "+".join(self.formats)
         return f"{super().extra_repr()}, blocks={types}"
 
     @property
     def weight_bytes(self) -> int:
         """Bytes of weights one forward reads (for bandwidth ratios)."""
-        return sum(p.blocks.numel() for p in self.parts)
+        return sum(data.numel() for _, data, _ in self.calls)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -84,9 +91,9 @@ class GGUFLinear(PreparedLinear):
             rows = rows.contiguous()
         out = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32)
         col = 0
-        for part in self.parts:
-            gguf_kernels.gemm(part.ggml_type, part.blocks, rows, out[:, col:col + part.out_features])
-            col += part.out_features
+        for code, data, n in self.calls:
+            gguf_kernels.gemm(code, data, rows, out[:, col:col + n])
+            col += n
         if self.bias is not None:
             out += self.bias
         return out.reshape(*shape[:-1], self.out_features)

@@ -102,6 +102,37 @@ def test_rows_bit_identical_alone_and_batched(qtype, impl):
             assert torch.equal(run(qtype, blocks, x[start:start + m]), full[start:start + m]), (m, start)
 
 
+def run_repacked(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tensor, threads: int = 2) -> torch.Tensor:
+    packed = gguf_kernels.repack(int(qtype), torch.from_numpy(np.ascontiguousarray(blocks)), x.shape[1])
+    assert packed is not None
+    out = torch.empty(x.shape[0], blocks.shape[0])
+    gguf_kernels.gemm(packed[0], packed[1], x, out, threads)
+    return out
+
+
+def test_repacked_q4k_equals_dequantized_product_and_is_row_invariant():
+    """Q4_K repacked 8 output rows at a time (AVX2 only): same checks as the file's layout, with a
+    last group of 5 rows (37 = 4 x 8 + 5)."""
+    if gguf_kernels.use_portable_kernels(False) != "avx2":
+        pytest.skip("the repacked layout is used with the AVX2 kernels only")
+    n, k = 37, 768
+    blocks = blocks_for(T.Q4_K, n, k, seed=9)
+    x = activations(16, k, seed=4)
+    weight = quants.dequantize(blocks, T.Q4_K).astype(np.float64)
+    xq = quantize_rows(x.numpy(), 256)
+    full = run_repacked(T.Q4_K, blocks, x)
+    assert np.all(np.abs(full.double().numpy() - xq @ weight.T) <= 1e-5 * (np.abs(xq) @ np.abs(weight).T) + 1e-30)
+    assert torch.equal(run_repacked(T.Q4_K, blocks, x, threads=1), full)
+    for m in (1, 5):
+        for start in range(0, 16 - m + 1, 3):
+            assert torch.equal(run_repacked(T.Q4_K, blocks, x[start:start + m]), full[start:start + m]), (m, start)
+    gguf_kernels.use_portable_kernels(True)  # a repacked weight is refused by the portable kernels
+    with pytest.raises(ValueError):
+        gguf_kernels.gemm(int(T.Q4_K) | 0x100, torch.zeros(1216, dtype=torch.uint8), x[:1], torch.empty(1, 8))
+    assert gguf_kernels.repack(int(T.Q4_K), torch.from_numpy(blocks), k) is None
+    gguf_kernels.use_portable_kernels(False)
+
+
 def test_native_kernels_selected_on_this_cpu():
     """Documents which implementation the other tests exercised as "native"."""
     active = gguf_kernels.use_portable_kernels(False)
@@ -111,13 +142,14 @@ def test_native_kernels_selected_on_this_cpu():
 
 
 def test_fused_mixed_formats_equal_parts_and_row_subset():
+    gguf_kernels.use_portable_kernels(False)
     k = 512
     q = BlockWeight(int(T.Q4_K), torch.from_numpy(blocks_for(T.Q4_K, 24, k, 3)), k)
     kk = BlockWeight(int(T.Q4_K), torch.from_numpy(blocks_for(T.Q4_K, 8, k, 4)), k)
     v = BlockWeight(int(T.Q6_K), torch.from_numpy(blocks_for(T.Q6_K, 8, k, 5)), k)
     bias = torch.randn(40)
     fused = GGUFLinear([q, kk, v], bias)
-    assert [p.type_name for p in fused.parts] == ["Q4_K", "Q6_K"]  # same-format neighbours merged
+    assert fused.formats == ["Q4_K", "Q6_K"]  # same-format neighbours merged
     x = activations(5, k, seed=6).reshape(1, 5, k)
     got = fused(x)
     assert got.shape == (1, 5, 40)

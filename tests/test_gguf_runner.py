@@ -58,7 +58,7 @@ def test_blocks_serve_every_linear(kquant_model):
     run = make_runner(kquant_model, "gguf")
     layers = [m for m in run.native.modules() if hasattr(m, "kernel")]
     assert layers and all(isinstance(m, GGUFLinear) for m in layers)
-    assert {p.type_name for m in layers for p in m.parts} == {"Q4_K", "Q5_K", "Q6_K", "Q8_0"}
+    assert {f for m in layers for f in m.formats} == {"Q4_K", "Q5_K", "Q6_K", "Q8_0"}
     assert not any(hasattr(m, ATTRIBUTE) for m in kquant_model.model.modules())
 
 

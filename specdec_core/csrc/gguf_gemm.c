@@ -113,6 +113,7 @@ static void quantize_row_32(const float *x, int64_t k, act_32 *y) {
 
 typedef struct {
     tile_fn tile;
+    group_fn group; /* set for repacked (x8) weights: units of 8 columns */
     const uint8_t *w, *act;
     int64_t n, m, ldo, row_bytes, act_stride;
     int nb, parts;
@@ -120,6 +121,19 @@ typedef struct {
 } job_t;
 
 static void run_part(const job_t *j, int part) {
+    if (j->group) {
+        const int64_t groups = (j->n + 7) / 8, g0 = groups * part / j->parts, g1 = groups * (part + 1) / j->parts;
+        const int64_t group_bytes = (int64_t)sd_gguf_x8_bytes(T_Q4_K, 8, (int64_t)j->nb * QK_K);
+        for (int64_t g = g0; g < g1; g++) {
+            const int ncols = (int)(j->n - 8 * g < 8 ? j->n - 8 * g : 8);
+            for (int64_t r0 = 0; r0 < j->m; r0 += ROW_TILE) {
+                const int rows = (int)(j->m - r0 < ROW_TILE ? j->m - r0 : ROW_TILE);
+                j->group(j->w + g * group_bytes, j->nb, j->act + r0 * j->act_stride, (size_t)j->act_stride, rows,
+                         j->out + r0 * j->ldo + 8 * g, (size_t)j->ldo, ncols);
+            }
+        }
+        return;
+    }
     const int64_t n0 = j->n * part / j->parts, n1 = j->n * (part + 1) / j->parts;
     for (int64_t col = n0; col < n1; col++) {
         const uint8_t *w = j->w + col * j->row_bytes;
@@ -203,9 +217,25 @@ static int run_job(job_t *j) {
     return 1;
 }
 
-/* out[r * ldo + c] for r < m, c < n. Returns 0, or -EINVAL for an unsupported type or k, -ENOMEM. */
+/* The repacked layout this library multiplies for `type` with the active kernels: SD_X8 | type,
+ * or 0 when it multiplies the file's own layout only. */
+int sd_gguf_x8_type(int type) {
+    if (use_scalar < 0) use_scalar = detect_scalar();
+    return !use_scalar && type == T_Q4_K ? (SD_X8 | type) : 0;
+}
+
+/* out[r * ldo + c] for r < m, c < n; w in the file's layout, or repacked when type has SD_X8.
+ * Returns 0, or -EINVAL for an unsupported type, k or layout, -ENOMEM. */
 int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
                  float *out, int64_t ldo, int threads) {
+    group_fn group = NULL;
+    if (type & SD_X8) {
+        if (sd_gguf_x8_type(type & 0xff) != type || !sd_gguf_x8_bytes(type & 0xff, n, k)) return -EINVAL;
+#if defined(__x86_64__) || defined(__i386__)
+        group = sd_q4k_x8_tile;
+#endif
+        type &= 0xff;
+    }
     const int64_t row_bytes = sd_gguf_row_bytes(type, k);
     const tile_fn tile = row_bytes ? select_tile(type) : NULL;
     if (!tile || m < 0 || n < 0) return -EINVAL;
@@ -218,8 +248,9 @@ int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *
         if (kq) quantize_row_k(x + r * ldx, k, (act_k *)(act + r * act_stride));
         else quantize_row_32(x + r * ldx, k, (act_32 *)(act + r * act_stride));
     }
-    job_t j = {tile, w, act, n, m, ldo, row_bytes, act_stride, (int)(k / block_values(type)), threads < 1 ? 1 : threads, out};
-    if ((int64_t)j.parts > n) j.parts = (int)n;
+    job_t j = {tile, group, w, act, n, m, ldo, row_bytes, act_stride, (int)(k / block_values(type)), threads < 1 ? 1 : threads, out};
+    const int64_t units = group ? (n + 7) / 8 : n;
+    if ((int64_t)j.parts > units) j.parts = (int)units;
     run_job(&j);
     free(act);
     return 0;

@@ -41,9 +41,18 @@ typedef void (*tile_fn)(const uint8_t *w, int nb, const uint8_t *act, size_t act
 float sd_fp16_to_fp32(uint16_t h);
 void sd_q4k_scale_min(const uint8_t *scales, uint8_t *sc, uint8_t *mn);
 
+/* Rows of one group of 8 columns of a repacked ("x8") weight; ncols <= 8 of them are stored. */
+typedef void (*group_fn)(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out,
+                         size_t ldo, int ncols);
+#define SD_X8 0x100 /* type flag: the weight is repacked 8 columns at a time (gguf_x8.c) */
+
+int64_t sd_gguf_x8_bytes(int type, int64_t n, int64_t k);
+
 tile_fn sd_scalar_tile(int type);
 #if defined(__x86_64__) || defined(__i386__)
 tile_fn sd_avx2_tile(int type);
+void sd_q4k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out, size_t ldo,
+                    int ncols);
 #endif
 
 #endif
