@@ -167,15 +167,15 @@ def repack(ggml_type: int, blocks: torch.Tensor, in_features: int) -> tuple[int,
 
 
 def gemm(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, out: torch.Tensor, threads: int | None = None) -> None:
-    """``out[:, :N] = x @ W.T`` with ``W`` the ``N`` rows of GGUF blocks in ``blocks`` (uint8
-    ``[N, row_bytes]``, or a ``repack`` of them with its type code and ``rows=N``); ``x`` is float32
-    ``[M, K]`` with unit stride along ``K``; ``out`` float32 ``[M, N]`` with unit stride along its
-    columns (a column slice of a wider output is fine)."""
+    """``out = x @ W.T`` for the ``N`` weight rows in ``blocks``: the file's layout (uint8
+    ``[N, row_bytes]``) with the GGML type, or a ``repack`` (flat uint8) with the code ``repack``
+    returned. ``x`` is float32 ``[M, K]``, ``out`` float32 ``[M, N]``, both with unit stride
+    along their rows (``out`` may be a column slice of a wider output)."""
     m, k = x.shape
     n = out.shape[1] if blocks.dim() == 1 else blocks.shape[0]
     if x.dtype != torch.float32 or out.dtype != torch.float32 or blocks.dtype != torch.uint8:
         raise TypeError("gemm wants float32 activations/output and uint8 blocks")
-    if x.stride(1) != 1 or out.stride(1) != 1 or not blocks.is_contiguous() or out.shape[0] != m or n != out.shape[1]:
+    if x.stride(1) != 1 or out.stride(1) != 1 or not blocks.is_contiguous() or out.shape != (m, n):
         raise ValueError("gemm wants unit-stride rows, contiguous blocks and one output row per input row")
     rc = library().sd_gguf_gemm(ggml_type, blocks.data_ptr(), n, k, x.data_ptr(), m, x.stride(0),
                                 out.data_ptr(), out.stride(0), threads or torch.get_num_threads())
