@@ -126,8 +126,8 @@ static void run_part(const job_t *j, int part) {
         const int64_t group_bytes = (int64_t)sd_gguf_x8_bytes(T_Q4_K, 8, (int64_t)j->nb * QK_K);
         for (int64_t g = g0; g < g1; g++) {
             const int ncols = (int)(j->n - 8 * g < 8 ? j->n - 8 * g : 8);
-            for (int64_t r0 = 0; r0 < j->m; r0 += ROW_TILE) {
-                const int rows = (int)(j->m - r0 < ROW_TILE ? j->m - r0 : ROW_TILE);
+            for (int64_t r0 = 0; r0 < j->m; r0 += X8_ROW_TILE) {
+                const int rows = (int)(j->m - r0 < X8_ROW_TILE ? j->m - r0 : X8_ROW_TILE);
                 j->group(j->w + g * group_bytes, j->nb, j->act + r0 * j->act_stride, (size_t)j->act_stride, rows,
                          j->out + r0 * j->ldo + 8 * g, (size_t)j->ldo, ncols);
             }

@@ -14,6 +14,9 @@
 #define QK_K 256
 #define QK32 32
 #define ROW_TILE 4 /* activation rows computed per pass over one weight row */
+#ifndef X8_ROW_TILE
+#define X8_ROW_TILE 6 /* the same for the repacked kernels (fewer registers per row) */
+#endif
 
 /* GGML type ids (gguf.GGMLQuantizationType). */
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };

@@ -78,21 +78,22 @@ static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *p) {
 static inline __attribute__((always_inline)) void q4k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride,
                                                               const int R, float *out, size_t ldo, int ncols) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[ROW_TILE];
+    __m256 acc[6];
     UNROLL
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const q4k_x8 *x = (const q4k_x8 *)w + b;
-        __m256i isum[ROW_TILE];
+        __m256i isum[6];
         UNROLL
         for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
         for (int s = 0; s < 8; s++) {
             const __m128i s16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)x->sc[s]));
             const __m256i scale = _mm256_set_m128i(_mm_unpackhi_epi16(s16, s16), _mm_unpacklo_epi16(s16, s16));
-            __m256i acc16[ROW_TILE];
+            __m256i acc16[6];
             UNROLL
             for (int r = 0; r < R; r++) acc16[r] = _mm256_setzero_si256();
-            UNROLL
+            /* not unrolled: unrolled, gcc computes every product first and spills them */
+            _Pragma("GCC unroll 1")
             for (int u = 0; u < 4; u++) {
                 const __m256i packed = _mm256_loadu_si256((const __m256i *)x->qs[s][u]);
                 const __m256i lo = _mm256_and_si256(packed, m4), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
@@ -138,19 +139,18 @@ static inline __attribute__((always_inline)) void q4k_x8_tile(const uint8_t *w, 
 }
 
 #define X8_ARGS const uint8_t *w, int nb, const uint8_t *act, size_t stride, float *out, size_t ldo, int ncols
-static void q4k_x8_1(X8_ARGS) { q4k_x8_tile(w, nb, act, stride, 1, out, ldo, ncols); }
-static void q4k_x8_2(X8_ARGS) { q4k_x8_tile(w, nb, act, stride, 2, out, ldo, ncols); }
-static void q4k_x8_3(X8_ARGS) { q4k_x8_tile(w, nb, act, stride, 3, out, ldo, ncols); }
-static void q4k_x8_4(X8_ARGS) { q4k_x8_tile(w, nb, act, stride, 4, out, ldo, ncols); }
+#define X8_TILE(R) static void q4k_x8_##R(X8_ARGS) { q4k_x8_tile(w, nb, act, stride, R, out, ldo, ncols); }
+X8_TILE(1)
+X8_TILE(2)
+X8_TILE(3)
+X8_TILE(4)
+X8_TILE(5)
+X8_TILE(6)
 
-/* Rows (1..ROW_TILE) of one 8-column group; `w` points at the group's first super-block. */
+/* Rows (1..X8_ROW_TILE) of one 8-column group; `w` points at the group's first super-block. */
 void sd_q4k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out, size_t ldo,
                     int ncols) {
-    switch (rows) {
-    case 1: q4k_x8_1(w, nb, act, stride, out, ldo, ncols); break;
-    case 2: q4k_x8_2(w, nb, act, stride, out, ldo, ncols); break;
-    case 3: q4k_x8_3(w, nb, act, stride, out, ldo, ncols); break;
-    default: q4k_x8_4(w, nb, act, stride, out, ldo, ncols); break;
-    }
+    static void (*const tiles[6])(X8_ARGS) = {q4k_x8_1, q4k_x8_2, q4k_x8_3, q4k_x8_4, q4k_x8_5, q4k_x8_6};
+    tiles[(rows < 1 ? 1 : rows > X8_ROW_TILE ? X8_ROW_TILE : rows) - 1](w, nb, act, stride, out, ldo, ncols);
 }
 #endif
