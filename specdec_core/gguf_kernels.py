@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("gguf_gemm.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c")
+SOURCES = ("gguf_gemm.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c")
 HEADERS = ("gguf_kernels.h",)
 CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 CSRC = Path(__file__).with_name("csrc")
@@ -57,10 +57,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.sd_gguf_set_impl.restype = ctypes.c_int
     lib.sd_gguf_x8_type.argtypes = [ctypes.c_int]
     lib.sd_gguf_x8_type.restype = ctypes.c_int
-    lib.sd_gguf_x8_bytes.argtypes = [ctypes.c_int, i64, i64]
-    lib.sd_gguf_x8_bytes.restype = i64
-    lib.sd_gguf_x8_pack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
-    lib.sd_gguf_x8_pack.restype = ctypes.c_int
+    lib.sd_gguf_x8_size.argtypes = [ctypes.c_int, i64, i64]
+    lib.sd_gguf_x8_size.restype = i64
+    lib.sd_gguf_x8_repack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
+    lib.sd_gguf_x8_repack.restype = ctypes.c_int
     return lib
 
 
@@ -151,17 +151,17 @@ def use_portable_kernels(portable: bool) -> str:
 
 def repack(ggml_type: int, blocks: torch.Tensor, in_features: int) -> tuple[int, torch.Tensor] | None:
     """The layout the active kernels multiply fastest, when it is not the file's own: (the type
-    code to pass to ``gemm``, the repacked bytes); None to use ``blocks`` as they are. Q4_K on
-    AVX2 is repacked 8 output rows at a time (``csrc/gguf_x8.c``: about half the instructions)."""
+    code to pass to ``gemm``, the repacked bytes); None to use ``blocks`` as they are. On AVX2,
+    Q4_K, Q4_0, Q5_0 and Q8_0 are repacked 8 output rows at a time (``csrc/gguf_x8*.c``)."""
     lib = library()
     code = lib.sd_gguf_x8_type(ggml_type)
     n = blocks.shape[0]
-    size = lib.sd_gguf_x8_bytes(ggml_type, n, in_features) if code else 0
+    size = lib.sd_gguf_x8_size(ggml_type, n, in_features) if code else 0
     if not size:
         return None
     blocks = blocks.contiguous()
     packed = torch.empty(size, dtype=torch.uint8)
-    if lib.sd_gguf_x8_pack(ggml_type, blocks.data_ptr(), n, in_features, packed.data_ptr()) != 0:
+    if lib.sd_gguf_x8_repack(ggml_type, blocks.data_ptr(), n, in_features, packed.data_ptr()) != 0:
         return None
     return code, packed
 

@@ -110,26 +110,27 @@ def run_repacked(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tenso
     return out
 
 
-def test_repacked_q4k_equals_dequantized_product_and_is_row_invariant():
-    """Q4_K repacked 8 output rows at a time (AVX2 only): same checks as the file's layout, with a
-    last group of 5 rows (37 = 4 x 8 + 5)."""
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q4_0, T.Q5_0, T.Q8_0], ids=lambda t: t.name)
+def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype):
+    """Formats repacked 8 output rows at a time (AVX2 only): same checks as the file's layout, with
+    a last group of 5 rows (37 = 4 x 8 + 5)."""
     if gguf_kernels.use_portable_kernels(False) != "avx2":
         pytest.skip("the repacked layout is used with the AVX2 kernels only")
     n, k = 37, 768
-    blocks = blocks_for(T.Q4_K, n, k, seed=9)
+    blocks = blocks_for(qtype, n, k, seed=9)
     x = activations(16, k, seed=4)
-    weight = quants.dequantize(blocks, T.Q4_K).astype(np.float64)
-    xq = quantize_rows(x.numpy(), 256)
-    full = run_repacked(T.Q4_K, blocks, x)
+    weight = quants.dequantize(blocks, qtype).astype(np.float64)
+    xq = quantize_rows(x.numpy(), 256 if qtype in K_QUANTS else 32)
+    full = run_repacked(qtype, blocks, x)
     assert np.all(np.abs(full.double().numpy() - xq @ weight.T) <= 1e-5 * (np.abs(xq) @ np.abs(weight).T) + 1e-30)
-    assert torch.equal(run_repacked(T.Q4_K, blocks, x, threads=1), full)
-    for m in (1, 5):
+    assert torch.equal(run_repacked(qtype, blocks, x, threads=1), full)
+    for m in (1, 5, 7):
         for start in range(0, 16 - m + 1, 3):
-            assert torch.equal(run_repacked(T.Q4_K, blocks, x[start:start + m]), full[start:start + m]), (m, start)
+            assert torch.equal(run_repacked(qtype, blocks, x[start:start + m]), full[start:start + m]), (m, start)
     gguf_kernels.use_portable_kernels(True)  # a repacked weight is refused by the portable kernels
     with pytest.raises(ValueError):
         gguf_kernels.gemm(int(T.Q4_K) | 0x100, torch.zeros(1216, dtype=torch.uint8), x[:1], torch.empty(1, 8))
-    assert gguf_kernels.repack(int(T.Q4_K), torch.from_numpy(blocks), k) is None
+    assert gguf_kernels.repack(int(qtype), torch.from_numpy(blocks), k) is None
     gguf_kernels.use_portable_kernels(False)
 
 

@@ -108,6 +108,7 @@ static void quantize_row_32(const float *x, int64_t k, act_32 *y) {
         int sum = 0;
         for (int i = 0; i < QK32; i++) { y[b].qs[i] = quant(v[i], id); sum += y[b].qs[i]; }
         y[b].s = y[b].d * (float)sum;
+        y[b].sum = sum;
     }
 }
 
@@ -115,7 +116,7 @@ typedef struct {
     tile_fn tile;
     group_fn group; /* set for repacked (x8) weights: units of 8 columns */
     const uint8_t *w, *act;
-    int64_t n, m, ldo, row_bytes, act_stride;
+    int64_t n, m, ldo, row_bytes, act_stride, group_bytes;
     int nb, parts;
     float *out;
 } job_t;
@@ -123,12 +124,11 @@ typedef struct {
 static void run_part(const job_t *j, int part) {
     if (j->group) {
         const int64_t groups = (j->n + 7) / 8, g0 = groups * part / j->parts, g1 = groups * (part + 1) / j->parts;
-        const int64_t group_bytes = (int64_t)sd_gguf_x8_bytes(T_Q4_K, 8, (int64_t)j->nb * QK_K);
         for (int64_t g = g0; g < g1; g++) {
             const int ncols = (int)(j->n - 8 * g < 8 ? j->n - 8 * g : 8);
             for (int64_t r0 = 0; r0 < j->m; r0 += X8_ROW_TILE) {
                 const int rows = (int)(j->m - r0 < X8_ROW_TILE ? j->m - r0 : X8_ROW_TILE);
-                j->group(j->w + g * group_bytes, j->nb, j->act + r0 * j->act_stride, (size_t)j->act_stride, rows,
+                j->group(j->w + g * j->group_bytes, j->nb, j->act + r0 * j->act_stride, (size_t)j->act_stride, rows,
                          j->out + r0 * j->ldo + 8 * g, (size_t)j->ldo, ncols);
             }
         }
@@ -221,7 +221,17 @@ static int run_job(job_t *j) {
  * or 0 when it multiplies the file's own layout only. */
 int sd_gguf_x8_type(int type) {
     if (use_scalar < 0) use_scalar = detect_scalar();
-    return !use_scalar && type == T_Q4_K ? (SD_X8 | type) : 0;
+    const int repacked = type == T_Q4_K || type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0;
+    return !use_scalar && repacked ? (SD_X8 | type) : 0;
+}
+
+/* Bytes of the repacked layout of n rows of k values (0: none for this type and k). */
+int64_t sd_gguf_x8_size(int type, int64_t n, int64_t k) {
+    return type == T_Q4_K ? sd_gguf_x8_bytes(type, n, k) : sd_gguf_x8_32_bytes(type, n, k);
+}
+
+int sd_gguf_x8_repack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst) {
+    return type == T_Q4_K ? sd_gguf_x8_pack(type, raw, n, k, dst) : sd_gguf_x8_32_pack(type, raw, n, k, dst);
 }
 
 /* out[r * ldo + c] for r < m, c < n; w in the file's layout, or repacked when type has SD_X8.
@@ -230,11 +240,11 @@ int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *
                  float *out, int64_t ldo, int threads) {
     group_fn group = NULL;
     if (type & SD_X8) {
-        if (sd_gguf_x8_type(type & 0xff) != type || !sd_gguf_x8_bytes(type & 0xff, n, k)) return -EINVAL;
-#if defined(__x86_64__) || defined(__i386__)
-        group = sd_q4k_x8_tile;
-#endif
+        if (sd_gguf_x8_type(type & 0xff) != type || !sd_gguf_x8_size(type & 0xff, n, k)) return -EINVAL;
         type &= 0xff;
+#if defined(__x86_64__) || defined(__i386__)
+        group = type == T_Q4_K ? sd_q4k_x8_tile : sd_x8_32_tile(type);
+#endif
     }
     const int64_t row_bytes = sd_gguf_row_bytes(type, k);
     const tile_fn tile = row_bytes ? select_tile(type) : NULL;
@@ -248,7 +258,8 @@ int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *
         if (kq) quantize_row_k(x + r * ldx, k, (act_k *)(act + r * act_stride));
         else quantize_row_32(x + r * ldx, k, (act_32 *)(act + r * act_stride));
     }
-    job_t j = {tile, group, w, act, n, m, ldo, row_bytes, act_stride, (int)(k / block_values(type)), threads < 1 ? 1 : threads, out};
+    job_t j = {tile, group, w, act, n, m, ldo, row_bytes, act_stride, group ? sd_gguf_x8_size(type, 8, k) : 0,
+               (int)(k / block_values(type)), threads < 1 ? 1 : threads, out};
     const int64_t units = group ? (n + 7) / 8 : n;
     if ((int64_t)j.parts > units) j.parts = (int)units;
     run_job(&j);

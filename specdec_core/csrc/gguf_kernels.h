@@ -34,7 +34,7 @@ typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d;
  * 16 and of 32 consecutive values for the formats' offsets (Q6_K's -32, Q4_K/Q5_K's mins). */
 typedef struct { int8_t qs[QK_K]; int16_t bsum16[16]; int16_t bsum32[8]; float d; int32_t pad[3]; } act_k;
 /* Activations for the 32-blocks: one scale per 32 values (like ggml's Q8_0/Q8_1); s = d * sum(qs). */
-typedef struct { int8_t qs[QK32]; float d; float s; } act_32;
+typedef struct { int8_t qs[QK32]; float d; float s; int32_t sum; } act_32; /* sum = sum(qs) */
 
 /* Computes out[r * ldo] for r < rows (1..ROW_TILE) of one weight row against `rows` activation rows
  * starting at `act`, each `act_stride` bytes apart; `nb` blocks per row. */
@@ -50,10 +50,14 @@ typedef void (*group_fn)(const uint8_t *w, int nb, const uint8_t *act, size_t st
 #define SD_X8 0x100 /* type flag: the weight is repacked 8 columns at a time (gguf_x8.c) */
 
 int64_t sd_gguf_x8_bytes(int type, int64_t n, int64_t k);
+int sd_gguf_x8_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst);
+int64_t sd_gguf_x8_32_bytes(int type, int64_t n, int64_t k);
+int sd_gguf_x8_32_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst);
 
 tile_fn sd_scalar_tile(int type);
 #if defined(__x86_64__) || defined(__i386__)
 tile_fn sd_avx2_tile(int type);
+group_fn sd_x8_32_tile(int type);
 void sd_q4k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out, size_t ldo,
                     int ncols);
 #endif
