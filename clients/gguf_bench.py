@@ -98,8 +98,12 @@ def step_bench(source: str | None, context: int, repeats: int, gbs: float) -> No
 
     loaded = load_model(source, role="target", device="cpu", dtype="float32", cache_dir=default_cache_dir(), progress=True)
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
-    runners = {m: ModelRunner(loaded.model, num_slots=16, max_len=context + 8, vocab_size=vocab, quantize=m)
-               for m in ("int8", "gguf")}
+    runners: dict[str, ModelRunner] = {}
+    prepare_s: dict[str, float] = {}
+    for mode in ("int8", "gguf"):
+        t0 = time.perf_counter()
+        runners[mode] = ModelRunner(loaded.model, num_slots=16, max_len=context + 8, vocab_size=vocab, quantize=mode)
+        prepare_s[mode] = time.perf_counter() - t0
     prompt = [17 + (i % 500) for i in range(context)]
     for run in runners.values():
         for slot in range(16):
@@ -118,7 +122,8 @@ def step_bench(source: str | None, context: int, repeats: int, gbs: float) -> No
               "1 + 4 drafts": [ForwardItem(0, context, [5, 6, 7, 8, 9], 5, num_drafts=4)],
               "16 x 1 token": [ForwardItem(s, context, [5], 1) for s in range(16)]}
     print(f"\nstep of {loaded.name} ({context} tokens cached), ms median (min); weights read per step: "
-          + ", ".join(f"{m} {read_bytes(r) / 1e9:.3f} GB" for m, r in runners.items()))
+          + ", ".join(f"{m} {read_bytes(r) / 1e9:.3f} GB" for m, r in runners.items())
+          + "; preparing the runner: " + ", ".join(f"{m} {s:.1f} s" for m, s in prepare_s.items()))
     print("| shape | int8 | gguf | gguf / int8 |\n|---|---|---|---|")
     one: dict[str, float] = {}
     for label, items in shapes.items():

@@ -80,6 +80,13 @@ def resolve_quantize(quantize: str, device: torch.device, dtype: torch.dtype) ->
             f"quantize={quantize!r} (per-row quantized CPU kernels) runs only on the CPU in float32, "
             f"not on {device} in {dtype}; use quantize='none' there"
         )
+    if quantize == "gguf":
+        from specdec_core import gguf_kernels
+
+        try:
+            gguf_kernels.library()
+        except RuntimeError as exc:
+            raise ModelLoadError(f"quantize='gguf' needs the GGUF block kernels: {exc}") from exc
     return quantize
 
 
