@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .kv_cache import SlotKVCache
 from .gguf_weights import block_linear
+from .kv_cache import SlotKVCache
 from .linear_kernels import PreparedLinear, Quantize, prepare_linear
 
 NATIVE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")

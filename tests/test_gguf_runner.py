@@ -82,6 +82,21 @@ def test_rows_bit_identical_batched_and_as_drafts(kquant_model):
         assert torch.equal(got[:NUM_DRAFTS + 1], ref_steps)
 
 
+def test_reduced_head_scores_exactly_its_rows(kquant_model):
+    """A draft's frequent-vocabulary head (``head_rows``) keeps those rows of the head's blocks:
+    each listed column equals the full head's, bit for bit."""
+    ids = torch.randint(0, 49152, (9,), generator=torch.Generator().manual_seed(5)).tolist()
+    rows = sorted(random.Random(1).sample(range(49152), 1003))
+    full = make_runner(kquant_model, "gguf").forward([ForwardItem(0, 0, ids, 3)])
+    attach_random_blocks(kquant_model.model)
+    reduced = ModelRunner(kquant_model.model, num_slots=2, max_len=MAX_LEN, vocab_size=49152, quantize="gguf",
+                          head_rows=rows)
+    assert isinstance(reduced.native.lm_head, GGUFLinear)
+    got = reduced.forward([ForwardItem(0, 0, ids, 3)])
+    assert torch.equal(got[:, rows], full[:, rows])
+    assert torch.isinf(got).sum() == 3 * (49152 - len(rows))
+
+
 def test_logits_as_close_to_fp32_as_int8s(kquant_model):
     """Random K-quant blocks make a model that amplifies any activation rounding (int8 is ~25% off
     fp32 on it as well): the block kernels must be no further from fp32 than per-row int8 is."""
