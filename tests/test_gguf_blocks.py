@@ -2,7 +2,7 @@
 
 1. the product equals, within float32 accumulation rounding, the exact (float64) product of the
    ``gguf`` package's own dequantization of the blocks and the activations quantized per row to
-   8 bits (one scale per 256 values for the K-quants, per 32 otherwise);
+   8 bits (one scale per 32 values);
 2. a row's result is bit-identical (``torch.equal``) alone, in 5 or 16 rows, on 1 or 2 threads;
 3. the fused layer (mixed formats, one output) equals its parts, and a row subset its rows.
 
@@ -81,10 +81,10 @@ def test_kernel_equals_dequantized_product(qtype, impl):
     blocks = blocks_for(qtype, n, k, seed=int(qtype))
     x = activations(6, k, seed=1)
     weight = quants.dequantize(blocks, qtype).astype(np.float64)
-    want = quantize_rows(x.numpy(), 256 if qtype in K_QUANTS else 32) @ weight.T
+    want = quantize_rows(x.numpy(), 32) @ weight.T
     got = run(qtype, blocks, x).double().numpy()
     # float32 accumulation of exact integer block sums: relative to the row's sum of |terms|
-    scale = np.abs(quantize_rows(x.numpy(), 256 if qtype in K_QUANTS else 32)) @ np.abs(weight).T
+    scale = np.abs(quantize_rows(x.numpy(), 32)) @ np.abs(weight).T
     assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-30), np.abs(got - want).max()
 
 
@@ -120,7 +120,7 @@ def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype):
     blocks = blocks_for(qtype, n, k, seed=9)
     x = activations(16, k, seed=4)
     weight = quants.dequantize(blocks, qtype).astype(np.float64)
-    xq = quantize_rows(x.numpy(), 256 if qtype in K_QUANTS else 32)
+    xq = quantize_rows(x.numpy(), 32)
     full = run_repacked(qtype, blocks, x)
     assert np.all(np.abs(full.double().numpy() - xq @ weight.T) <= 1e-5 * (np.abs(xq) @ np.abs(weight).T) + 1e-30)
     assert torch.equal(run_repacked(qtype, blocks, x, threads=1), full)

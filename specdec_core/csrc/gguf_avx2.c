@@ -1,7 +1,8 @@
 /* AVX2 + FMA tiles. The weight bytes of a block are unpacked once and multiplied into up to
  * ROW_TILE activation rows (vpmaddubsw: unsigned 4/5/6-bit weights or |int8| times signed int8
  * activations, pairs exact in int16; vpmaddwd with the sub-block scales, exact in int32); one FMA
- * per block and row folds the integer sum into a float accumulator. Each row's instruction
+ * per 32-value activation block and row folds the integer sum into a float accumulator (Q6_K
+ * first gathers a super-block's eight integer block sums into the lanes of one register). Each row's instruction
  * sequence is the same for every tile size (R is a compile-time constant per instantiation and the
  * per-row code does not depend on it), so a row's result does not depend on the other rows. */
 #if defined(__x86_64__) || defined(__i386__)
@@ -106,12 +107,9 @@ INLINE void tile_k45(const int five, const uint8_t *w, int nb, const uint8_t *ac
                                          (int)((u2 & 0x0f0f0f0f) | (((u0 >> 6) & 0x03030303) << 4)),
                                          (int)(u0 & 0x3f3f3f3f));
         const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm)); /* sc0..7 as int16, both lanes */
-        const __m256i mins2 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm));
+        const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)));
         const float d = h2f(x4->d), dmin = h2f(x4->dmin);
         __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)((const blk_q5_K *)blk)->qh) : _mm256_setzero_si256();
-        __m256i isum[ROW_TILE];
-        UNROLL
-        for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
         UNROLL
         for (int j = 0; j < 4; j++) {
             const __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
@@ -125,18 +123,18 @@ INLINE void tile_k45(const int five, const uint8_t *w, int nb, const uint8_t *ac
             const __m256i shi = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)(0x0302 + 0x0404 * j)));
             UNROLL
             for (int r = 0; r < R; r++) {
-                const int8_t *aq = (ROW(act_k, r) + b)->qs + 64 * j;
+                const act_k *a = ROW(act_k, r) + b;
+                const int8_t *aq = a->qs + 64 * j;
                 const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(qlo, _mm256_loadu_si256((const __m256i *)aq)), slo);
                 const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(qhi, _mm256_loadu_si256((const __m256i *)(aq + 32))), shi);
-                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d * a->d32[2 * j]), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d * a->d32[2 * j + 1]), acc[r]);
             }
         }
         UNROLL
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < R; r++) { /* the mins, lane s: m[s] * d32[s] * sum of the sub-block */
             const act_k *a = ROW(act_k, r) + b;
-            const __m256i pm = _mm256_madd_epi16(mins2, _mm256_loadu_si256((const __m256i *)a->bsum16));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * a->d), acc[r]);
-            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_set1_ps(dmin * a->d), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(_mm256_mul_ps(mins, _mm256_loadu_ps(a->s32)), _mm256_set1_ps(dmin), acc[r]);
         }
     }
     UNROLL
@@ -154,9 +152,7 @@ INLINE void tile_q6k(const uint8_t *w, int nb, const uint8_t *act, size_t stride
         const blk_q6_K *x = (const blk_q6_K *)w + b;
         const __m128i sc8 = _mm_loadu_si128((const __m128i *)x->scales);
         const float d = h2f(x->d);
-        __m256i isum[ROW_TILE];
-        UNROLL
-        for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+        __m256i part[2][ROW_TILE]; /* per half and row: [values 0-15 | 16-31] sums of the 4 groups */
         UNROLL
         for (int h = 0; h < 2; h++) {
             const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
@@ -168,26 +164,33 @@ INLINE void tile_q6k(const uint8_t *w, int nb, const uint8_t *act, size_t stride
             q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
             const __m256i half = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_srli_si128(sc8, 8) : sc8));
+            __m256i scale[4];
             UNROLL
-            for (int g = 0; g < 4; g++) {
-                const __m256i pick = _mm256_set_m128i(_mm_set1_epi16((short)(0x0302 + 0x0404 * g)),
-                                                      _mm_set1_epi16((short)(0x0100 + 0x0404 * g)));
-                const __m256i scale = _mm256_shuffle_epi8(half, pick);
+            for (int g = 0; g < 4; g++)
+                scale[g] = _mm256_shuffle_epi8(half, _mm256_set_m128i(_mm_set1_epi16((short)(0x0302 + 0x0404 * g)),
+                                                                      _mm_set1_epi16((short)(0x0100 + 0x0404 * g))));
+            UNROLL
+            for (int r = 0; r < R; r++) {
+                const int8_t *aq = (ROW(act_k, r) + b)->qs + 128 * h;
+                __m256i p[4];
                 UNROLL
-                for (int r = 0; r < R; r++) {
-                    const int8_t *aq = (ROW(act_k, r) + b)->qs + 128 * h + 32 * g;
-                    const __m256i p = _mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *)aq));
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, scale));
-                }
+                for (int g = 0; g < 4; g++)
+                    p[g] = _mm256_madd_epi16(_mm256_maddubs_epi16(q[g], _mm256_loadu_si256((const __m256i *)(aq + 32 * g))), scale[g]);
+                part[h][r] = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
             }
         }
+        /* lane t = the exact integer sum of 32-value block t (4h + g), minus 32 * sum_s sc[s] * bsum16[s]
+         * over its two scale groups; then one float step per lane with that block's activation scale */
         const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        const __m256 dv = _mm256_set1_ps(d);
         UNROLL
         for (int r = 0; r < R; r++) {
             const act_k *a = ROW(act_k, r) + b;
+            __m256i s = _mm256_add_epi32(_mm256_permute2x128_si256(part[0][r], part[1][r], 0x20),
+                                         _mm256_permute2x128_si256(part[0][r], part[1][r], 0x31));
             const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)a->bsum16));
-            isum[r] = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(off, 5));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * a->d), acc[r]);
+            s = _mm256_sub_epi32(s, _mm256_slli_epi32(off, 5));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(_mm256_loadu_ps(a->d32), dv), acc[r]);
         }
     }
     UNROLL

@@ -88,15 +88,20 @@ static inline int8_t quant(float v, float id) {
 static void quantize_row_k(const float *x, int64_t k, act_k *y) {
     for (int64_t b = 0; b < k / QK_K; b++) {
         const float *v = x + b * QK_K;
-        float id;
-        y[b].d = block_scale(v, QK_K, &id);
-        for (int i = 0; i < QK_K; i++) y[b].qs[i] = quant(v[i], id);
+        for (int s = 0; s < 8; s++) {
+            float id;
+            y[b].d32[s] = block_scale(v + 32 * s, 32, &id);
+            for (int i = 32 * s; i < 32 * s + 32; i++) y[b].qs[i] = quant(v[i], id);
+        }
         for (int s = 0; s < 16; s++) {
             int sum = 0;
             for (int i = 0; i < 16; i++) sum += y[b].qs[16 * s + i];
             y[b].bsum16[s] = (int16_t)sum;
         }
-        for (int s = 0; s < 8; s++) y[b].bsum32[s] = (int16_t)(y[b].bsum16[2 * s] + y[b].bsum16[2 * s + 1]);
+        for (int s = 0; s < 8; s++) {
+            y[b].bsum32[s] = (int16_t)(y[b].bsum16[2 * s] + y[b].bsum16[2 * s + 1]);
+            y[b].s32[s] = y[b].d32[s] * (float)y[b].bsum32[s];
+        }
     }
 }
 

@@ -30,9 +30,11 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } blk_q4
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } blk_q5_K;
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } blk_q6_K;
 
-/* Activations for the K-quants: one scale per 256 values (like ggml's Q8_K), plus exact sums of
- * 16 and of 32 consecutive values for the formats' offsets (Q6_K's -32, Q4_K/Q5_K's mins). */
-typedef struct { int8_t qs[QK_K]; int16_t bsum16[16]; int16_t bsum32[8]; float d; int32_t pad[3]; } act_k;
+/* Activations for the K-quants: one scale per 32 values (d32; ggml's Q8_K has one per 256, which
+ * on Qwen2.5-1.5B's outlier channels costs KL 0.15 against fp32 where per-32 costs 0.003), plus
+ * exact sums of 16 and of 32 consecutive quantized values for the formats' offsets (Q6_K's -32,
+ * Q4_K/Q5_K's mins), and s32 = d32 * bsum32. */
+typedef struct { int8_t qs[QK_K]; int16_t bsum16[16]; int16_t bsum32[8]; float d32[8]; float s32[8]; } act_k;
 /* Activations for the 32-blocks: one scale per 32 values (like ggml's Q8_0/Q8_1); s = d * sum(qs). */
 typedef struct { int8_t qs[QK32]; float d; float s; int32_t sum; } act_32; /* sum = sum(qs) */
 

@@ -100,7 +100,7 @@ static void tile_q45k(int five, const uint8_t *w, int nb, const uint8_t *act, si
             }
             uint8_t sc[8], mn[8];
             sd_q4k_scale_min(scales, sc, mn);
-            int32_t isum = 0, imin = 0;
+            const float d = sd_fp16_to_fp32(d16), dmin = sd_fp16_to_fp32(dmin16);
             for (int s = 0; s < 8; s++) {
                 int32_t dot = 0;
                 for (int l = 0; l < 32; l++) {
@@ -108,11 +108,9 @@ static void tile_q45k(int five, const uint8_t *w, int nb, const uint8_t *act, si
                     if (five) q |= ((qh[l] >> s) & 1) << 4;
                     dot += q * a[b].qs[32 * s + l];
                 }
-                isum += sc[s] * dot;
-                imin += mn[s] * a[b].bsum32[s];
+                sum += d * a[b].d32[s] * (float)(sc[s] * dot);
+                sum -= dmin * (float)mn[s] * a[b].s32[s];
             }
-            sum += sd_fp16_to_fp32(d16) * a[b].d * (float)isum;
-            sum -= sd_fp16_to_fp32(dmin16) * a[b].d * (float)imin;
         }
         out[r * ldo] = sum;
     }
@@ -128,7 +126,7 @@ static void tile_q6_K(const uint8_t *w, int nb, const uint8_t *act, size_t strid
         const act_k *a = (const act_k *)(act + r * stride);
         float sum = 0.0f;
         for (int b = 0; b < nb; b++) {
-            int32_t isum = 0;
+            const float d = sd_fp16_to_fp32(x[b].d);
             for (int h = 0; h < 2; h++) {
                 const uint8_t *ql = x[b].ql + 64 * h, *qh = x[b].qh + 32 * h;
                 for (int g = 0; g < 4; g++) {
@@ -138,17 +136,14 @@ static void tile_q6_K(const uint8_t *w, int nb, const uint8_t *act, size_t strid
                         int q = ((g & 2) ? lo >> 4 : lo & 0xF) | (((qh[l] >> (2 * g)) & 3) << 4);
                         int e = 128 * h + 32 * g + l;
                         dot += q * a[b].qs[e];
-                        if (l == 15 || l == 31) {
-                            isum += x[b].scales[e / 16] * dot;
+                        if (l == 15 || l == 31) { /* q - 32: the offset through the exact 16-value sum */
+                            const int s = e / 16;
+                            sum += d * a[b].d32[s / 2] * (float)(x[b].scales[s] * (dot - 32 * a[b].bsum16[s]));
                             dot = 0;
                         }
                     }
                 }
             }
-            int32_t offset = 0;
-            for (int s = 0; s < 16; s++) offset += x[b].scales[s] * a[b].bsum16[s];
-            isum -= 32 * offset;
-            sum += sd_fp16_to_fp32(x[b].d) * a[b].d * (float)isum;
         }
         out[r * ldo] = sum;
     }

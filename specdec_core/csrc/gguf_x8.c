@@ -4,13 +4,14 @@
  * horizontal sum; here a 256-bit register holds 4 consecutive values of 8 columns, the 4 matching
  * activation bytes are broadcast, and vpmaddubsw yields 8 columns' partial sums at once. Within a
  * 32-value sub-block the 8 steps are summed in int16 (|8 x 2 x 15 x 127| = 30480 < 32767), then
- * one vpmaddwd applies the 8 columns' sub-block scales. About half the instructions per weight of
- * the plain kernel, and none spent on horizontal sums.
+ * one vpmaddwd applies the 8 columns' sub-block scales and one FMA the sub-block's activation
+ * scale. About half the instructions per weight of the plain kernel, and none spent on horizontal
+ * sums.
  *
  * Repacked super-block of 8 columns (1216 bytes against 8 x 144):
  *   d[8], dmin[8]   float32 (the fp16 values, converted exactly)
  *   sc[8][8]        [sub-block][column] 6-bit scales
- *   mn[4][16]       [sub-block pair][2 * column + sub-block & 1] 6-bit mins
+ *   mn[8][8]        [sub-block][column] 6-bit mins
  *   qs[8][4][32]    [sub-block][step u][4 * column + i]: low nibble value 4u + i of the
  *                   sub-block, high nibble value 16 + 4u + i
  * Exactness and row invariance are the same as the plain kernels': integer sums are exact, each
@@ -23,7 +24,7 @@
 typedef struct {
     float d[8], dmin[8];
     uint8_t sc[8][8];
-    uint8_t mn[4][16];
+    uint8_t mn[8][8];
     uint8_t qs[8][4][32];
 } q4k_x8;
 
@@ -49,7 +50,7 @@ int sd_gguf_x8_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t 
                 x->dmin[c] = sd_fp16_to_fp32(src->dmin);
                 for (int s = 0; s < 8; s++) {
                     x->sc[s][c] = sc[s];
-                    x->mn[s / 2][2 * c + (s & 1)] = mn[s];
+                    x->mn[s][c] = mn[s];
                 }
                 for (int e = 0; e < QK_K; e++) {
                     const int j = e / 64, l = e % 64;
@@ -83,9 +84,7 @@ static inline __attribute__((always_inline)) void q4k_x8_tile(const uint8_t *w, 
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const q4k_x8 *x = (const q4k_x8 *)w + b;
-        __m256i isum[6];
-        UNROLL
-        for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+        const __m256 d = _mm256_loadu_ps(x->d), dmin = _mm256_loadu_ps(x->dmin);
         for (int s = 0; s < 8; s++) {
             const __m128i s16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)x->sc[s]));
             const __m256i scale = _mm256_set_m128i(_mm_unpackhi_epi16(s16, s16), _mm_unpacklo_epi16(s16, s16));
@@ -105,25 +104,22 @@ static inline __attribute__((always_inline)) void q4k_x8_tile(const uint8_t *w, 
                 }
             }
             UNROLL
-            for (int r = 0; r < R; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(acc16[r], scale));
-        }
-        __m256i mins[4];
-        UNROLL
-        for (int p = 0; p < 4; p++) mins[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)x->mn[p]));
-        const __m256 d = _mm256_loadu_ps(x->d), dmin = _mm256_loadu_ps(x->dmin);
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            const act_k *a = (const act_k *)(act + r * stride) + b;
-            __m256i pm = _mm256_setzero_si256();
-            UNROLL
-            for (int p = 0; p < 4; p++) {
-                int32_t pair;
-                memcpy(&pair, &a->bsum32[2 * p], 4);
-                pm = _mm256_add_epi32(pm, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(pair)));
+            for (int r = 0; r < R; r++) {
+                const float da = ((const act_k *)(act + r * stride) + b)->d32[s];
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(acc16[r], scale)),
+                                         _mm256_mul_ps(d, _mm256_set1_ps(da)), acc[r]);
             }
-            const __m256 da = _mm256_set1_ps(a->d);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, da), acc[r]);
-            acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(pm), _mm256_mul_ps(dmin, da), acc[r]);
+        }
+        UNROLL
+        for (int r = 0; r < R; r++) { /* the mins: column c gets sum_s mn[s][c] * d32[s] * sub-block sum */
+            const act_k *a = (const act_k *)(act + r * stride) + b;
+            __m256 msum = _mm256_setzero_ps();
+            UNROLL
+            for (int s = 0; s < 8; s++) {
+                const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)x->mn[s])));
+                msum = _mm256_fmadd_ps(m, _mm256_set1_ps(a->s32[s]), msum);
+            }
+            acc[r] = _mm256_fnmadd_ps(msum, dmin, acc[r]);
         }
     }
     UNROLL
