@@ -55,7 +55,9 @@ RUN pip install --index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}" \
     fi
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+# setup.py builds the optional GGUF block kernels (--quantize gguf) when the image has a C compiler;
+# the slim base has none, so that mode is refused there with the reason and every other mode works.
+COPY pyproject.toml setup.py README.md ./
 COPY specdec_core ./specdec_core
 COPY server ./server
 # torch is already satisfied above, so this installs only the remaining dependencies and specdec.

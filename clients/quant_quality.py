@@ -10,6 +10,7 @@ through the engine's own ``ModelRunner``.
 
     python clients/quant_quality.py                      # the default pair (target and draft)
     python clients/quant_quality.py --model SmolLM2-135M-Instruct.Q4_1.gguf
+    python clients/quant_quality.py --mode gguf          # the GGUF's own blocks instead of int8
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ def texts(tokenizer, per_kind: int) -> list[list[int]]:
     return out
 
 
-def compare(loaded, per_kind: int, continue_tokens: int) -> dict[str, float]:
+def compare(loaded, per_kind: int, continue_tokens: int, mode: str = "int8") -> dict[str, float]:
     import torch
 
     from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
-    runners = {m: ModelRunner(loaded.model, num_slots=1, max_len=2048, vocab_size=vocab, quantize=m) for m in ("none", "int8")}
+    runners = {m: ModelRunner(loaded.model, num_slots=1, max_len=2048, vocab_size=vocab, quantize=m) for m in ("none", mode)}
     agree = kl = positions = 0.0
     for ids in texts(loaded.tokenizer, per_kind):
         seq = list(ids)
@@ -47,7 +48,7 @@ def compare(loaded, per_kind: int, continue_tokens: int) -> dict[str, float]:
             logits = runners["none"].forward([ForwardItem(0, 0, seq, 1)])
             seq.append(int(logits[0].argmax()))
         fp32 = runners["none"].forward([ForwardItem(0, 0, seq, len(seq))])
-        int8 = runners["int8"].forward([ForwardItem(0, 0, seq, len(seq))])
+        int8 = runners[mode].forward([ForwardItem(0, 0, seq, len(seq))])
         lp, lq = torch.log_softmax(fp32, -1), torch.log_softmax(int8, -1)
         agree += (fp32.argmax(-1) == int8.argmax(-1)).sum().item()
         kl += (lp.exp() * (lp - lq)).sum(-1).sum().item()
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="target (default: the embedded pair, both models)")
     p.add_argument("--per-kind", type=int, default=3, help="prompts per kind")
     p.add_argument("--continue-tokens", type=int, default=24, help="greedy fp32 tokens appended to each prompt")
+    p.add_argument("--mode", default="int8", choices=["int8", "gguf"], help="the quantized mode compared with fp32")
     args = p.parse_args(argv)
     repo_root = str(Path(__file__).resolve().parent.parent)
     if repo_root not in sys.path:
@@ -68,11 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_core.loading.loader import load_model
 
     roles = {"target": args.model} if args.model else {"target": None, "draft": None}
-    print("| model | positions | top-1 agreement int8 vs fp32 | mean KL(fp32 ‖ int8), nats |")
+    print(f"| model | positions | top-1 agreement {args.mode} vs fp32 | mean KL(fp32 ‖ {args.mode}), nats |")
     print("|---|---|---|---|")
     for role, source in roles.items():
         loaded = load_model(source, role=role, device="cpu", dtype="float32", cache_dir=default_cache_dir(), progress=False)
-        r = compare(loaded, args.per_kind, args.continue_tokens)
+        r = compare(loaded, args.per_kind, args.continue_tokens, args.mode)
         print(f"| {loaded.name} | {r['positions']:.0f} | {r['top1_agreement']:.3f} | {r['kl_nats']:.4f} |", flush=True)
         del loaded
     return 0

@@ -19,7 +19,7 @@ from conftest import load
 from specdec_core.execution.linear_kernels import prepare_linear
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 
-MODES = ["none", "int8"]
+MODES = ["none", "int8", "gguf"]
 MAX_LEN = 160
 PROMPT_LEN = 37
 NUM_DRAFTS = 4

@@ -73,8 +73,9 @@ class EngineConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(default="auto", metadata=_flag(
         "weight/activation dtype"))
     # "auto": per-row int8 on the CPU (fast, batch-invariant), none (bf16) on CUDA.
-    quantize: Literal["auto", "none", "int8"] = field(default="auto", metadata=_flag(
+    quantize: Literal["auto", "none", "int8", "gguf"] = field(default="auto", metadata=_flag(
         "linear layers: int8 (per-row activation and per-channel weight scales, batch-invariant; CPU only), "
+        "gguf (a GGUF model's own quantized blocks, 8-bit per-row activations, batch-invariant; CPU only), "
         "none (fp32 on CPU, bf16 on CUDA), auto = int8 on CPU, none on CUDA"))
     max_num_seqs: int = field(default=8, metadata=_flag("requests decoded together in one batch", minimum=1))
     max_model_len: int = field(default=2048, metadata=_flag("prompt + completion tokens per request", minimum=1))

@@ -27,7 +27,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-Quantize = Literal["none", "int8"]
+# "gguf": a GGUF model's own blocks (``gguf_linear``); layers without executable blocks get int8.
+Quantize = Literal["none", "int8", "gguf"]
 
 # fbgemm's quantized GEMM wants the activation as uint8 with a zero point; each row scaled into
 # [-1, 1] and quantized with scale 1/127 and zero point 128 uses the symmetric int8 range.
@@ -130,12 +131,12 @@ class DenseLinear(PreparedLinear):
 def prepare_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantize: Quantize) -> PreparedLinear:
     """The kernel for this weight's device and ``quantize`` mode (see the module docstring)."""
     if weight.device.type == "cpu":
-        if quantize == "int8":
+        if quantize in ("int8", "gguf"):
             return RowInt8Linear(weight, bias)
         if weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
             return OneDNNLinear(weight, bias)
-    elif quantize == "int8":
-        raise ValueError("quantize='int8' runs on the CPU only; CUDA serves bf16")
+    elif quantize in ("int8", "gguf"):
+        raise ValueError(f"quantize={quantize!r} runs on the CPU only; CUDA serves bf16")
     return DenseLinear(weight, bias)
 
 
@@ -143,7 +144,8 @@ def prepare_linears(module: torch.nn.Module, quantize: Quantize) -> torch.nn.Mod
     """Replace every ``nn.Linear`` inside ``module`` by its prepared kernel, in place.
 
     This is how the generic (transformers) execution path gets row-invariant linear layers; the
-    native Llama-family path prepares its fused projections directly.
+    native Llama-family path prepares its fused projections directly. In ``gguf`` mode the layers
+    with executable blocks were replaced before (``gguf_weights.prepare_block_linears``).
     """
     for name, child in list(module.named_children()):
         if isinstance(child, torch.nn.Linear):

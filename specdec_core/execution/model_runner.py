@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec_core.execution.gguf_weights import attach_block_weights, detach_block_weights, prepare_block_linears
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.kv_cache import PackedLayout, SlotKVCache
 from specdec_core.execution.linear_kernels import Quantize, prepare_linears
@@ -65,12 +66,23 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.native: NativeLlama | None = None
+        # gguf: the linears of a model converted from a GGUF file get the file's blocks while preparing
+        self.block_layers = attach_block_weights(model) if quantize == "gguf" else 0
+        try:
+            self._prepare(model, quantize, max_len, release_weights, head_rows)
+        finally:
+            detach_block_weights(model)
+
+    def _prepare(self, model: HFModule, quantize: Quantize, max_len: int, release_weights: bool,
+                 head_rows: list[int] | None) -> None:
         if supports_native(model, max_len):
             self.native = NativeLlama(model, quantize, max_len, release=release_weights, head_rows=head_rows)
             self.path = "native"
         else:
             if head_rows:
                 raise ValueError("a reduced draft vocabulary needs the native (Llama-family) path")
+            if quantize == "gguf":
+                prepare_block_linears(model)
             prepare_linears(model, quantize)
             self.body = model.base_model
             self.lm_head = model.get_output_embeddings()

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec_core.execution.gguf_weights import block_linear
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.kv_cache import SlotKVCache
 from specdec_core.execution.linear_kernels import PreparedLinear, Quantize, prepare_linear
@@ -153,7 +154,8 @@ class NativeLlama(torch.nn.Module):
         if self.head_rows is not None:
             weight = weight[self.head_rows]
             bias = bias.detach()[self.head_rows] if bias is not None else None
-        self.lm_head: PreparedLinear = prepare_linear(weight, bias, quantize)
+        blocks = block_linear([head], self.head_rows) if quantize == "gguf" else None
+        self.lm_head: PreparedLinear = blocks or prepare_linear(weight, bias, quantize)
         if release and head.weight is not base.embed_tokens.weight:
             _release(head)
         self.cos, self.sin = _rope_table(base.rotary_emb, max_len, self.embed)
@@ -170,6 +172,8 @@ class NativeLlama(torch.nn.Module):
 
 def _fused(linears: list[HFModule], quantize: Quantize) -> PreparedLinear:
     """One prepared linear whose output is the concatenation of ``linears``' outputs."""
+    if quantize == "gguf" and (blocks := block_linear(linears)) is not None:
+        return blocks
     weight = torch.cat([lin.weight.detach() for lin in linears], dim=0)
     biases = [getattr(lin, "bias", None) for lin in linears]
     bias = None

@@ -71,17 +71,26 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 def resolve_quantize(quantize: str, device: torch.device, dtype: torch.dtype) -> Quantize:
     """``"auto"`` is int8 on the CPU in float32 (the fast mode there: a decode step of the 1.5B costs
     54 ms against 200 ms in fp32 on the 2-core dev machine, and it is batch-invariant) and
-    ``"none"`` elsewhere; int8 off the CPU is refused."""
-    if quantize not in ("auto", "none", "int8"):
-        raise ValueError(f"unknown quantize {quantize!r}; expected 'auto', 'none' or 'int8'")
+    ``"none"`` elsewhere; int8 off the CPU is refused. ``"gguf"`` (CPU, float32) serves a GGUF
+    model's own quantized blocks (``gguf_linear``), int8 for the layers they do not cover."""
+    if quantize not in ("auto", "none", "int8", "gguf"):
+        raise ValueError(f"unknown quantize {quantize!r}; expected 'auto', 'none', 'int8' or 'gguf'")
     cpu_fp32 = device.type == "cpu" and dtype == torch.float32
     if quantize == "auto":
         return "int8" if cpu_fp32 else "none"
-    if quantize == "int8" and not cpu_fp32:
+    if quantize in ("int8", "gguf") and not cpu_fp32:
         raise ModelLoadError(
-            f"quantize='int8' (per-row int8 through fbgemm) runs only on the CPU in float32, "
+            f"quantize={quantize!r} (per-row quantized CPU kernels) runs only on the CPU in float32, "
             f"not on {device} in {dtype}; use quantize='none' there"
         )
+    if quantize == "gguf":
+        from specdec_core.execution import gguf_kernels
+
+        try:
+            gguf_kernels.library()
+        except RuntimeError as exc:
+            raise ModelLoadError(f"quantize='gguf' needs the GGUF block kernels: {exc}") from exc
+        return "gguf"
     return "int8" if quantize == "int8" else "none"
 
 

@@ -1,0 +1,273 @@
+/* out[m, n] = sum_k x[m, k] * W[n, k] for a GGUF-quantized W, x quantized per row to 8 bits.
+ *
+ * Work is split over output columns (weight rows) into contiguous ranges, one per thread: every
+ * output element is computed by exactly one thread with the same code, so the result does not
+ * depend on the thread count nor on the number of rows. Threads come from a small pool of our own
+ * (spin briefly, then sleep), not OpenMP: torch brings its own OpenMP runtime, and two spinning
+ * runtimes on a 2-core machine steal each other's cores. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gguf_kernels.h"
+
+#define MAX_THREADS 64
+
+#ifndef SD_SOURCES_HASH
+#define SD_SOURCES_HASH "unknown"
+#endif
+
+/* The hash of the sources this library was built from: Python rebuilds a stale library (an
+ * editable install keeps the extension it built, whatever the sources became since). */
+const char *sd_gguf_sources_hash(void) { return SD_SOURCES_HASH; }
+
+static int use_scalar = -1; /* -1: not decided yet */
+
+static int detect_scalar(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"));
+#else
+    return 1;
+#endif
+}
+
+/* 0: the best kernels this CPU runs; 1: the portable scalar ones (for tests). Returns the active one. */
+int sd_gguf_set_impl(int scalar) {
+    use_scalar = scalar ? 1 : detect_scalar();
+    return use_scalar ? 1 : 2;
+}
+
+static tile_fn select_tile(int type) {
+    if (use_scalar < 0) use_scalar = detect_scalar();
+#if defined(__x86_64__) || defined(__i386__)
+    if (!use_scalar) return sd_avx2_tile(type);
+#endif
+    return sd_scalar_tile(type);
+}
+
+static int block_values(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K ? QK_K : QK32; }
+
+/* Bytes of one weight row of k values; 0 when the type is not supported or k does not fit it. */
+int64_t sd_gguf_row_bytes(int type, int64_t k) {
+    size_t bsize;
+    switch (type) {
+    case T_Q4_0: bsize = sizeof(blk_q4_0); break;
+    case T_Q4_1: bsize = sizeof(blk_q4_1); break;
+    case T_Q5_0: bsize = sizeof(blk_q5_0); break;
+    case T_Q5_1: bsize = sizeof(blk_q5_1); break;
+    case T_Q8_0: bsize = sizeof(blk_q8_0); break;
+    case T_Q4_K: bsize = sizeof(blk_q4_K); break;
+    case T_Q5_K: bsize = sizeof(blk_q5_K); break;
+    case T_Q6_K: bsize = sizeof(blk_q6_K); break;
+    default: return 0;
+    }
+    if (k <= 0 || k % block_values(type)) return 0;
+    return (int64_t)(k / block_values(type)) * (int64_t)bsize;
+}
+
+/* Round half to even for |v| < 2^22, exactly as the FPU's default mode; vectorises everywhere. */
+static inline int round_ne(float v) { return (int)((v + 12582912.0f) - 12582912.0f); }
+
+static float block_scale(const float *v, int n, float *id) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(v[i]));
+    *id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    return amax / 127.0f;
+}
+
+static inline int8_t quant(float v, float id) {
+    int q = round_ne(v * id);
+    return (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+}
+
+static void quantize_row_k(const float *x, int64_t k, act_k *y) {
+    for (int64_t b = 0; b < k / QK_K; b++) {
+        const float *v = x + b * QK_K;
+        for (int s = 0; s < 8; s++) {
+            float id;
+            y[b].d32[s] = block_scale(v + 32 * s, 32, &id);
+            for (int i = 32 * s; i < 32 * s + 32; i++) y[b].qs[i] = quant(v[i], id);
+        }
+        for (int s = 0; s < 16; s++) {
+            int sum = 0;
+            for (int i = 0; i < 16; i++) sum += y[b].qs[16 * s + i];
+            y[b].bsum16[s] = (int16_t)sum;
+        }
+        for (int s = 0; s < 8; s++) {
+            y[b].bsum32[s] = (int16_t)(y[b].bsum16[2 * s] + y[b].bsum16[2 * s + 1]);
+            y[b].s32[s] = y[b].d32[s] * (float)y[b].bsum32[s];
+        }
+    }
+}
+
+static void quantize_row_32(const float *x, int64_t k, act_32 *y) {
+    for (int64_t b = 0; b < k / QK32; b++) {
+        const float *v = x + b * QK32;
+        float id;
+        y[b].d = block_scale(v, QK32, &id);
+        int sum = 0;
+        for (int i = 0; i < QK32; i++) { y[b].qs[i] = quant(v[i], id); sum += y[b].qs[i]; }
+        y[b].s = y[b].d * (float)sum;
+        y[b].sum = sum;
+    }
+}
+
+typedef struct {
+    tile_fn tile;
+    group_fn group; /* set for repacked (x8) weights: units of 8 columns */
+    const uint8_t *w, *act;
+    int64_t n, m, ldo, row_bytes, act_stride, group_bytes;
+    int nb, parts;
+    float *out;
+} job_t;
+
+static void run_part(const job_t *j, int part) {
+    if (j->group) {
+        const int64_t groups = (j->n + 7) / 8, g0 = groups * part / j->parts, g1 = groups * (part + 1) / j->parts;
+        for (int64_t g = g0; g < g1; g++) {
+            const int ncols = (int)(j->n - 8 * g < 8 ? j->n - 8 * g : 8);
+            for (int64_t r0 = 0; r0 < j->m; r0 += X8_ROW_TILE) {
+                const int rows = (int)(j->m - r0 < X8_ROW_TILE ? j->m - r0 : X8_ROW_TILE);
+                j->group(j->w + g * j->group_bytes, j->nb, j->act + r0 * j->act_stride, (size_t)j->act_stride, rows,
+                         j->out + r0 * j->ldo + 8 * g, (size_t)j->ldo, ncols);
+            }
+        }
+        return;
+    }
+    const int64_t n0 = j->n * part / j->parts, n1 = j->n * (part + 1) / j->parts;
+    for (int64_t col = n0; col < n1; col++) {
+        const uint8_t *w = j->w + col * j->row_bytes;
+        for (int64_t r0 = 0; r0 < j->m; r0 += ROW_TILE) {
+            const int rows = (int)(j->m - r0 < ROW_TILE ? j->m - r0 : ROW_TILE);
+            j->tile(w, j->nb, j->act + r0 * j->act_stride, (size_t)j->act_stride, rows, j->out + r0 * j->ldo + col, (size_t)j->ldo);
+        }
+    }
+}
+
+/* ---- the thread pool ---- */
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER, call_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pool_cv = PTHREAD_COND_INITIALIZER;
+static int pool_workers = 0;
+static atomic_uint pool_gen;
+static atomic_int pool_done;
+static const job_t *pool_job;
+static double spin_seconds = -1.0;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void *worker_main(void *arg) {
+    const int part = (int)(intptr_t)arg;
+    unsigned seen = 0;
+    for (;;) {
+        double until = now() + spin_seconds;
+        for (unsigned spins = 0; atomic_load_explicit(&pool_gen, memory_order_acquire) == seen; spins++) {
+            if ((spins & 255) == 255 && now() > until) {
+                pthread_mutex_lock(&pool_mu);
+                while (atomic_load(&pool_gen) == seen) pthread_cond_wait(&pool_cv, &pool_mu);
+                pthread_mutex_unlock(&pool_mu);
+                break;
+            }
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
+        seen = atomic_load(&pool_gen);
+        if (part < pool_job->parts) run_part(pool_job, part);
+        atomic_fetch_add_explicit(&pool_done, 1, memory_order_release);
+    }
+    return NULL;
+}
+
+/* Runs the job on `parts` threads (the caller is part 0); returns the number of parts used. */
+static int run_job(job_t *j) {
+    if (j->parts > 1 && pthread_mutex_trylock(&call_mu) == 0) { /* a concurrent caller runs alone */
+        if (spin_seconds < 0) {
+            const char *env = getenv("SPECDEC_GGUF_SPIN_US");
+            spin_seconds = (env ? atof(env) : 100.0) * 1e-6;
+        }
+        if (j->parts > MAX_THREADS) j->parts = MAX_THREADS;
+        while (pool_workers < j->parts - 1) {
+            pthread_t t;
+            if (pthread_create(&t, NULL, worker_main, (void *)(intptr_t)(pool_workers + 1)) != 0) break;
+            pthread_detach(t);
+            pool_workers++;
+        }
+        if (j->parts > pool_workers + 1) j->parts = pool_workers + 1;
+        pool_job = j;
+        atomic_store(&pool_done, 0);
+        pthread_mutex_lock(&pool_mu);
+        atomic_fetch_add_explicit(&pool_gen, 1, memory_order_release);
+        pthread_cond_broadcast(&pool_cv);
+        pthread_mutex_unlock(&pool_mu);
+        run_part(j, 0);
+        while (atomic_load_explicit(&pool_done, memory_order_acquire) < pool_workers) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
+        pthread_mutex_unlock(&call_mu);
+        return j->parts;
+    }
+    j->parts = 1;
+    run_part(j, 0);
+    return 1;
+}
+
+/* The repacked layout this library multiplies for `type` with the active kernels: SD_X8 | type,
+ * or 0 when it multiplies the file's own layout only. */
+int sd_gguf_x8_type(int type) {
+    if (use_scalar < 0) use_scalar = detect_scalar();
+    const int repacked = type == T_Q4_K || type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0;
+    return !use_scalar && repacked ? (SD_X8 | type) : 0;
+}
+
+/* Bytes of the repacked layout of n rows of k values (0: none for this type and k). */
+int64_t sd_gguf_x8_size(int type, int64_t n, int64_t k) {
+    return type == T_Q4_K ? sd_gguf_x8_bytes(type, n, k) : sd_gguf_x8_32_bytes(type, n, k);
+}
+
+int sd_gguf_x8_repack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst) {
+    return type == T_Q4_K ? sd_gguf_x8_pack(type, raw, n, k, dst) : sd_gguf_x8_32_pack(type, raw, n, k, dst);
+}
+
+/* out[r * ldo + c] for r < m, c < n; w in the file's layout, or repacked when type has SD_X8.
+ * Returns 0, or -EINVAL for an unsupported type, k or layout, -ENOMEM. */
+int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
+                 float *out, int64_t ldo, int threads) {
+    group_fn group = NULL;
+    if (type & SD_X8) {
+        if (sd_gguf_x8_type(type & 0xff) != type || !sd_gguf_x8_size(type & 0xff, n, k)) return -EINVAL;
+        type &= 0xff;
+#if defined(__x86_64__) || defined(__i386__)
+        group = type == T_Q4_K ? sd_q4k_x8_tile : sd_x8_32_tile(type);
+#endif
+    }
+    const int64_t row_bytes = sd_gguf_row_bytes(type, k);
+    const tile_fn tile = row_bytes ? select_tile(type) : NULL;
+    if (!tile || m < 0 || n < 0) return -EINVAL;
+    if (m == 0 || n == 0) return 0;
+    const int kq = block_values(type) == QK_K;
+    const int64_t act_stride = kq ? (k / QK_K) * (int64_t)sizeof(act_k) : (k / QK32) * (int64_t)sizeof(act_32);
+    uint8_t *act = aligned_alloc(64, (size_t)((act_stride * m + 63) / 64 * 64));
+    if (!act) return -ENOMEM;
+    for (int64_t r = 0; r < m; r++) {
+        if (kq) quantize_row_k(x + r * ldx, k, (act_k *)(act + r * act_stride));
+        else quantize_row_32(x + r * ldx, k, (act_32 *)(act + r * act_stride));
+    }
+    job_t j = {tile, group, w, act, n, m, ldo, row_bytes, act_stride, group ? sd_gguf_x8_size(type, 8, k) : 0,
+               (int)(k / block_values(type)), threads < 1 ? 1 : threads, out};
+    const int64_t units = group ? (n + 7) / 8 : n;
+    if ((int64_t)j.parts > units) j.parts = (int)units;
+    run_job(&j);
+    free(act);
+    return 0;
+}

@@ -1,0 +1,67 @@
+/* GGUF block formats times per-row 8-bit activations: shared declarations.
+ *
+ * The weight blocks are the GGUF file's own bytes (layouts as in ggml-common.h). Activations are
+ * quantized per row: a row's int8 values and scales depend on that row alone, every output element
+ * is computed by one thread with the same instruction sequence whatever the number of rows, and
+ * integer partial sums are exact, so a row's result is bit-identical alone or batched.
+ */
+#ifndef SPECDEC_GGUF_KERNELS_H
+#define SPECDEC_GGUF_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define QK_K 256
+#define QK32 32
+#define ROW_TILE 4 /* activation rows computed per pass over one weight row */
+#ifndef X8_ROW_TILE
+#define X8_ROW_TILE 6 /* the same for the repacked kernels (fewer registers per row) */
+#endif
+
+/* GGML type ids (gguf.GGMLQuantizationType). */
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
+
+typedef struct { uint16_t d; uint8_t qs[16]; } blk_q4_0;
+typedef struct { uint16_t d, m; uint8_t qs[16]; } blk_q4_1;
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_0;
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_1;
+typedef struct { uint16_t d; int8_t qs[32]; } blk_q8_0;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } blk_q4_K;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } blk_q5_K;
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } blk_q6_K;
+
+/* Activations for the K-quants: one scale per 32 values (d32; ggml's Q8_K has one per 256, which
+ * on Qwen2.5-1.5B's outlier channels costs KL 0.15 against fp32 where per-32 costs 0.003), plus
+ * exact sums of 16 and of 32 consecutive quantized values for the formats' offsets (Q6_K's -32,
+ * Q4_K/Q5_K's mins), and s32 = d32 * bsum32. */
+typedef struct { int8_t qs[QK_K]; int16_t bsum16[16]; int16_t bsum32[8]; float d32[8]; float s32[8]; } act_k;
+/* Activations for the 32-blocks: one scale per 32 values (like ggml's Q8_0/Q8_1); s = d * sum(qs). */
+typedef struct { int8_t qs[QK32]; float d; float s; int32_t sum; } act_32; /* sum = sum(qs) */
+
+/* Computes out[r * ldo] for r < rows (1..ROW_TILE) of one weight row against `rows` activation rows
+ * starting at `act`, each `act_stride` bytes apart; `nb` blocks per row. */
+typedef void (*tile_fn)(const uint8_t *w, int nb, const uint8_t *act, size_t act_stride, int rows,
+                        float *out, size_t ldo);
+
+float sd_fp16_to_fp32(uint16_t h);
+void sd_q4k_scale_min(const uint8_t *scales, uint8_t *sc, uint8_t *mn);
+
+/* Rows of one group of 8 columns of a repacked ("x8") weight; ncols <= 8 of them are stored. */
+typedef void (*group_fn)(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out,
+                         size_t ldo, int ncols);
+#define SD_X8 0x100 /* type flag: the weight is repacked 8 columns at a time (gguf_x8.c) */
+
+int64_t sd_gguf_x8_bytes(int type, int64_t n, int64_t k);
+int sd_gguf_x8_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst);
+int64_t sd_gguf_x8_32_bytes(int type, int64_t n, int64_t k);
+int sd_gguf_x8_32_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst);
+
+tile_fn sd_scalar_tile(int type);
+#if defined(__x86_64__) || defined(__i386__)
+tile_fn sd_avx2_tile(int type);
+group_fn sd_x8_32_tile(int type);
+void sd_q4k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out, size_t ldo,
+                    int ncols);
+#endif
+
+#endif

@@ -1,0 +1,185 @@
+"""The C kernels that multiply activations by a GGUF file's own quantized blocks (``csrc/``).
+
+Why our own: torch has no fast low-bit CPU kernel on AVX2 (``_weight_int4pack_mm_for_cpu`` is
+compute-bound at ~7 GB/s, see the design notes, section 7), and the GGUF blocks are what the user
+downloaded. The kernel quantizes each activation row to 8 bits on its own, one scale per 32
+values (like ggml's Q8_0; ggml gives the K-quants one scale per 256 values, Q8_K, which on
+Qwen2.5-1.5B's outlier channels costs KL 0.15 nats against fp32 where per-32 costs 0.003: an
+emulation on the dequantized weights, three prompts), so a row's result never depends on the
+other rows of the call.
+
+The library is built at install (``setup.py``, an optional extension: an install without a C
+compiler still succeeds) or, failing that, compiled on first use with ``cc`` into the cache
+directory. ``available()`` says whether either worked; ``library()`` raises a ``RuntimeError``
+that names what is missing otherwise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCES = ("gguf_gemm.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c")
+HEADERS = ("gguf_kernels.h",)
+CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
+CSRC = Path(__file__).with_name("csrc")
+
+# GGML type ids (``gguf.GGMLQuantizationType``) the kernels execute.
+SUPPORTED_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_error: str | None = None
+
+
+def sources_hash() -> str:
+    """sha256 of the kernel sources (``setup.py`` computes the same and compiles it in)."""
+    digest = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        digest.update((CSRC / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.sd_gguf_gemm.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
+    lib.sd_gguf_gemm.restype = ctypes.c_int
+    lib.sd_gguf_row_bytes.argtypes = [ctypes.c_int, i64]
+    lib.sd_gguf_row_bytes.restype = i64
+    lib.sd_gguf_set_impl.argtypes = [ctypes.c_int]
+    lib.sd_gguf_set_impl.restype = ctypes.c_int
+    lib.sd_gguf_x8_type.argtypes = [ctypes.c_int]
+    lib.sd_gguf_x8_type.restype = ctypes.c_int
+    lib.sd_gguf_x8_size.argtypes = [ctypes.c_int, i64, i64]
+    lib.sd_gguf_x8_size.restype = i64
+    lib.sd_gguf_x8_repack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
+    lib.sd_gguf_x8_repack.restype = ctypes.c_int
+    return lib
+
+
+def _built_from(lib: ctypes.CDLL) -> str:
+    """The source hash compiled into ``lib`` ("" for a library older than the hash itself)."""
+    try:
+        fn = lib.sd_gguf_sources_hash
+    except AttributeError:
+        return ""
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
+
+
+def _installed_extension() -> Path | None:
+    """The shared library ``setup.py`` built at install, if it did."""
+    try:
+        spec = importlib.util.find_spec("specdec_core.execution._gguf_kernels")
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+def _compile_into_cache() -> Path:
+    """Compile the sources with the system C compiler into the cache, keyed by their content."""
+    from specdec_core.engine.config import default_cache_dir
+
+    digest = sources_hash()
+    out_dir = default_cache_dir() / "kernels"
+    target = out_dir / f"libgguf_kernels-{digest}.so"
+    if target.is_file():
+        return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("the GGUF block kernels were not built at install and no C compiler (cc/gcc) is on PATH; "
+                           "install gcc and reinstall specdec, or use --quantize int8")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        partial = Path(tmp) / target.name
+        cmd = [compiler, *CFLAGS, f'-DSD_SOURCES_HASH="{digest}"', "-o", str(partial),
+               *(str(CSRC / s) for s in SOURCES), "-lm"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"compiling the GGUF block kernels failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
+        os.replace(partial, target)
+    return target
+
+
+def library() -> ctypes.CDLL:
+    """The loaded kernel library (built at install, else compiled once into the cache)."""
+    global _lib, _error
+    with _lock:
+        if _lib is None:
+            if _error is not None:
+                raise RuntimeError(_error)
+            try:
+                lib = None
+                installed = _installed_extension()
+                if installed is not None:
+                    lib = ctypes.CDLL(str(installed))
+                    if CSRC.is_dir() and _built_from(lib) != sources_hash():
+                        lib = None  # built from older sources (an editable install): compile afresh
+                _lib = _bind(lib or ctypes.CDLL(str(_compile_into_cache())))
+            except (OSError, RuntimeError) as exc:
+                _error = f"GGUF block kernels unavailable: {exc}"
+                raise RuntimeError(_error) from exc
+        return _lib
+
+
+def available() -> bool:
+    """True when the kernels can run here (``library()`` would succeed)."""
+    try:
+        library()
+    except RuntimeError:
+        return False
+    return True
+
+
+def row_bytes(ggml_type: int, in_features: int) -> int:
+    """Bytes of one weight row of ``in_features`` values; 0 when the kernels cannot run it."""
+    return int(library().sd_gguf_row_bytes(ggml_type, in_features))
+
+
+def use_portable_kernels(portable: bool) -> str:
+    """Switch between the portable scalar kernels and the best this CPU runs (tests compare both);
+    returns the active implementation, ``"scalar"`` or ``"avx2"``."""
+    return "scalar" if library().sd_gguf_set_impl(int(portable)) == 1 else "avx2"
+
+
+def repack(ggml_type: int, blocks: torch.Tensor, in_features: int) -> tuple[int, torch.Tensor] | None:
+    """The layout the active kernels multiply fastest, when it is not the file's own: (the type
+    code to pass to ``gemm``, the repacked bytes); None to use ``blocks`` as they are. On AVX2,
+    Q4_K, Q4_0, Q5_0 and Q8_0 are repacked 8 output rows at a time (``csrc/gguf_x8*.c``)."""
+    lib = library()
+    code = lib.sd_gguf_x8_type(ggml_type)
+    n = blocks.shape[0]
+    size = lib.sd_gguf_x8_size(ggml_type, n, in_features) if code else 0
+    if not size:
+        return None
+    blocks = blocks.contiguous()
+    packed = torch.empty(size, dtype=torch.uint8)
+    if lib.sd_gguf_x8_repack(ggml_type, blocks.data_ptr(), n, in_features, packed.data_ptr()) != 0:
+        return None
+    return code, packed
+
+
+def gemm(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, out: torch.Tensor, threads: int | None = None) -> None:
+    """``out = x @ W.T`` for the ``N`` weight rows in ``blocks``: the file's layout (uint8
+    ``[N, row_bytes]``) with the GGML type, or a ``repack`` (flat uint8) with the code ``repack``
+    returned. ``x`` is float32 ``[M, K]``, ``out`` float32 ``[M, N]``, both with unit stride
+    along their rows (``out`` may be a column slice of a wider output)."""
+    m, k = x.shape
+    n = out.shape[1] if blocks.dim() == 1 else blocks.shape[0]
+    if x.dtype != torch.float32 or out.dtype != torch.float32 or blocks.dtype != torch.uint8:
+        raise TypeError("gemm wants float32 activations/output and uint8 blocks")
+    if x.stride(1) != 1 or out.stride(1) != 1 or not blocks.is_contiguous() or out.shape != (m, n):
+        raise ValueError("gemm wants unit-stride rows, contiguous blocks and one output row per input row")
+    rc = library().sd_gguf_gemm(ggml_type, blocks.data_ptr(), n, k, x.data_ptr(), m, x.stride(0),
+                                out.data_ptr(), out.stride(0), threads or torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"the GGUF kernel refused type {ggml_type} with {k} inputs (rc {rc})")

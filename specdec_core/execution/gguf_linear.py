@@ -1,0 +1,99 @@
+"""A linear layer that executes a GGUF file's own quantized blocks (``--quantize gguf``).
+
+The weight stays in the file's block format (Q4_K, Q6_K, Q8_0, ...): fewer bytes per weight than
+int8 (4.5 bits for Q4_K against 8), and no second rounding: the model served is the model the user
+downloaded. The activations are quantized to 8 bits per row inside the kernel
+(``gguf_kernels``), so every output row depends only on its own input row, bit for bit, whatever
+the number of rows in the call: the same contract as the other CPU kernels (``linear_kernels``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec_core.execution import gguf_kernels
+from specdec_core.execution.linear_kernels import PreparedLinear
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    """The blocks of one weight matrix: ``blocks[i]`` is output row ``i`` (HF module order)."""
+
+    ggml_type: int
+    blocks: torch.Tensor  # uint8 [out_features, row_bytes]
+    in_features: int
+
+    @property
+    def out_features(self) -> int:
+        return int(self.blocks.shape[0])
+
+    @property
+    def type_name(self) -> str:
+        return gguf_kernels.SUPPORTED_TYPES.get(self.ggml_type, str(self.ggml_type))
+
+    def rows(self, index: torch.Tensor | list[int]) -> "BlockWeight":
+        """Only the output rows ``index``, in that order (a row of blocks is self-contained)."""
+        index = torch.as_tensor(index, dtype=torch.long, device=self.blocks.device)
+        return BlockWeight(self.ggml_type, self.blocks.index_select(0, index).contiguous(), self.in_features)
+
+
+def executable(weight: BlockWeight) -> bool:
+    """True when the kernels run this format with this row length."""
+    if weight.ggml_type not in gguf_kernels.SUPPORTED_TYPES:
+        return False
+    return gguf_kernels.row_bytes(weight.ggml_type, weight.in_features) == weight.blocks.shape[1]
+
+
+class GGUFLinear(PreparedLinear):
+    """Concatenated outputs of one or more block weights (a fused QKV may mix Q4_K and Q6_K), each
+    computed by the block kernel straight into its columns of one output tensor."""
+
+    kernel = "gguf-blocks"
+
+    def __init__(self, parts: list[BlockWeight], bias: torch.Tensor | None) -> None:
+        in_features = parts[0].in_features
+        if any(p.in_features != in_features for p in parts):
+            raise ValueError("fused block weights must share in_features")
+        merged: list[BlockWeight] = []
+        for part in parts:  # neighbours of one format become one kernel call
+            if not executable(part):
+                raise ValueError(f"the block kernels cannot run {part.type_name} with {in_features} inputs")
+            if merged and merged[-1].ggml_type == part.ggml_type:
+                last = merged.pop()
+                part = BlockWeight(part.ggml_type, torch.cat([last.blocks, part.blocks]), in_features)
+            merged.append(BlockWeight(part.ggml_type, part.blocks.contiguous(), in_features))
+        super().__init__(in_features, sum(p.out_features for p in merged))
+        self.formats = [p.type_name for p in merged]
+        # (type code, bytes, output rows) per kernel call, in the active kernels' fastest layout;
+        # the file's layout is not kept beside a repacked copy
+        self.calls: list[tuple[int, torch.Tensor, int]] = []
+        for part in merged:
+            packed = gguf_kernels.repack(part.ggml_type, part.blocks, in_features)
+            code, data = packed if packed is not None else (part.ggml_type, part.blocks)
+            self.calls.append((code, data, part.out_features))
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+
+    def extra_repr(self) -> str:
+        types = "+".join(self.formats)
+        return f"{super().extra_repr()}, blocks={types}"
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one forward reads (for bandwidth ratios)."""
+        return sum(data.numel() for _, data, _ in self.calls)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        rows = x.reshape(-1, self.in_features).float()
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        out = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32)
+        col = 0
+        for code, data, n in self.calls:
+            gguf_kernels.gemm(code, data, rows, out[:, col:col + n])
+            col += n
+        if self.bias is not None:
+            out += self.bias
+        return out.reshape(*shape[:-1], self.out_features)

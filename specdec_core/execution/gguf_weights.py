@@ -1,0 +1,186 @@
+"""Find a loaded model's GGUF file and hand its linear layers the file's own blocks.
+
+A GGUF model is loaded from its converted fp32 directory (``loader.convert_gguf``), which records
+the source file in ``specdec_conversion.json``. For ``--quantize gguf`` the runner asks this
+module for the blocks of every ``nn.Linear``: the GGUF tensor of the same name (the name map
+``transformers`` uses, from the ``gguf`` package), its rows permuted exactly as transformers
+permutes a llama GGUF's q/k projections (the file stores them interleaved for llama.cpp's RoPE),
+and a tied output head served from the token embedding's blocks. Rows of blocks are
+self-contained, so a row permutation or selection is exact.
+
+``gguf.GGUFReader`` parses every metadata value in Python (24 s for the 1.5B's 151,936-entry
+vocabulary on the dev machine), so the tensor table (name, type, shape, file offset) is kept beside
+the converted weights after the first read; later starts map the file at those offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec_core.execution.gguf_kernels import SUPPORTED_TYPES
+from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear, executable
+from specdec_core.execution.hf_types import HFModule
+
+logger = logging.getLogger(__name__)
+
+ATTRIBUTE = "gguf_blocks"  # set on each nn.Linear that has executable blocks, while preparing
+
+
+def gguf_source(model: torch.nn.Module) -> Path | None:
+    """The GGUF file ``model`` was converted from, if it still is the file that was converted."""
+    record = Path(str(getattr(model, "name_or_path", "") or "")) / "specdec_conversion.json"
+    if not record.is_file():
+        return None
+    info = json.loads(record.read_text())
+    source = Path(info.get("source", ""))
+    if not source.is_file():
+        return None
+    stat = source.stat()
+    if stat.st_size != info.get("size") or stat.st_mtime_ns != info.get("mtime_ns"):
+        logger.warning("%s changed since it was converted; serving the converted weights", source)
+        return None
+    return source
+
+
+TABLE = "gguf_tensors.json"
+
+
+def _tensor_table(source: Path, cache_dir: Path) -> tuple[str | None, dict[str, tuple[int, tuple[int, ...], int, int]]]:
+    """(architecture, {tensor name: (GGML type, GGUF shape, file offset, bytes)}), from the table
+    kept in ``cache_dir`` when it describes this very file, else read (and kept) once."""
+    stat = source.stat()
+    key = [str(source), stat.st_size, stat.st_mtime_ns]
+    record = cache_dir / TABLE
+    try:
+        data = json.loads(record.read_text())
+        if data.get("source") == key:
+            return data["architecture"], {k: (v[0], tuple(v[1]), v[2], v[3]) for k, v in data["tensors"].items()}
+    except (OSError, ValueError, KeyError):
+        pass
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    tensors = {t.name: (int(t.tensor_type), tuple(int(s) for s in t.shape), int(t.data_offset), int(t.n_bytes))
+               for t in reader.tensors}
+    arch = _field(reader, "general.architecture")
+    try:
+        partial = record.with_name(f".{TABLE}.{os.getpid()}")
+        partial.write_text(json.dumps({"source": key, "architecture": arch, "tensors": tensors}))
+        os.replace(partial, record)
+    except OSError as exc:  # a read-only cache only costs the next start the parse again
+        logger.warning("could not keep the GGUF tensor table in %s: %s", cache_dir, exc)
+    return arch, tensors
+
+
+def _field(reader, key: str) -> str | None:
+    field = reader.fields.get(key)
+    if field is None:
+        return None
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def _unpermute(blocks: torch.Tensor, heads: int) -> torch.Tensor:
+    """transformers' ``_reverse_permute_weights`` applied to whole rows of blocks."""
+    n = blocks.shape[0]
+    index = torch.arange(n).reshape(heads, n // heads // 2, 2).transpose(1, 2).reshape(-1)
+    return blocks.index_select(0, index)
+
+
+def read_block_weights(path: Path, model: HFModule) -> dict[str, BlockWeight]:
+    """Module name -> executable blocks, for every ``nn.Linear`` of ``model`` the file covers."""
+    import gguf
+
+    architecture, tensors = _tensor_table(path, Path(str(model.name_or_path)))
+    cfg = model.config
+    arch = next((a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == cfg.model_type), None)
+    if arch is None:
+        return {}
+    name_map = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    permuted = architecture == "llama"
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight is model.get_input_embeddings().weight
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    found: dict[str, BlockWeight] = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        gguf_name = name_map.get_name(name)
+        if gguf_name is None:
+            continue  # a module the file's architecture does not name
+        if module is head and tied:
+            gguf_name = "token_embd"  # a tied head is the embedding (whatever else the file stores)
+        entry = tensors.get(f"{gguf_name}.weight")
+        if entry is None or entry[0] not in SUPPORTED_TYPES:
+            continue
+        ggml_type, shape, offset, nbytes = entry
+        if shape != (module.in_features, module.out_features):
+            raise ValueError(f"{gguf_name}.weight has shape {list(shape)}, {name} wants "
+                             f"{[module.in_features, module.out_features]}")
+        data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,))
+        blocks = torch.from_numpy(np.array(data.reshape(module.out_features, -1), copy=True))
+        del data
+        if permuted and gguf_name.endswith((".attn_q", ".attn_k")):
+            blocks = _unpermute(blocks, heads if gguf_name.endswith(".attn_q") else kv_heads)
+        weight = BlockWeight(ggml_type, blocks.contiguous(), module.in_features)
+        if executable(weight):
+            found[name] = weight
+    return found
+
+
+def attach_block_weights(model: torch.nn.Module) -> int:
+    """Give each ``nn.Linear`` of ``model`` its GGUF blocks (``ATTRIBUTE``); returns how many got
+    them (0 for a model that does not come from a GGUF file)."""
+    source = gguf_source(model)
+    if source is None:
+        return 0
+    weights = read_block_weights(source, model)
+    for name, weight in weights.items():
+        setattr(model.get_submodule(name), ATTRIBUTE, weight)
+    return len(weights)
+
+
+def detach_block_weights(model: torch.nn.Module) -> None:
+    """Drop the attached blocks once the prepared layers hold their own (fused) copies."""
+    for module in model.modules():
+        if hasattr(module, ATTRIBUTE):
+            delattr(module, ATTRIBUTE)
+
+
+def block_linear(linears: list[HFModule], rows: torch.Tensor | None = None) -> GGUFLinear | None:
+    """The block layer computing ``linears``' concatenated outputs (only ``rows`` of them, if given),
+    or None when one of them has no executable blocks (the caller then prepares it as before)."""
+    found = [getattr(lin, ATTRIBUTE, None) for lin in linears]
+    parts: list[BlockWeight] = [p for p in found if p is not None]
+    if len(parts) != len(found):
+        return None
+    if rows is not None:
+        if len(parts) != 1:
+            raise ValueError("a row selection applies to one linear")
+        parts = [parts[0].rows(rows)]
+    biases = [getattr(lin, "bias", None) for lin in linears]
+    if rows is not None and biases[0] is not None:
+        biases = [biases[0].detach()[rows]]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b.detach().float() if b is not None else torch.zeros(p.out_features)
+                          for b, p in zip(biases, parts)])
+    return GGUFLinear(parts, bias)
+
+
+def prepare_block_linears(module: HFModule) -> None:
+    """Replace every ``nn.Linear`` inside ``module`` that has executable blocks by its block layer,
+    in place (the generic transformers path; ``prepare_linears`` then prepares the rest)."""
+    for name, child in list(module.named_children()):
+        if isinstance(child, torch.nn.Linear):
+            blocks = block_linear([child])
+            if blocks is not None:
+                setattr(module, name, blocks)
+        else:
+            prepare_block_linears(child)

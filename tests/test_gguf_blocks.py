@@ -1,0 +1,169 @@
+"""The GGUF block kernels (``specdec_core/execution/csrc``, ``gguf_linear``) against the ``gguf`` package.
+
+1. the product equals, within float32 accumulation rounding, the exact (float64) product of the
+   ``gguf`` package's own dequantization of the blocks and the activations quantized per row to
+   8 bits (one scale per 32 values);
+2. a row's result is bit-identical (``torch.equal``) alone, in 5 or 16 rows, on 1 or 2 threads;
+3. the fused layer (mixed formats, one output) equals its parts, and a row subset its rows.
+
+Every format runs on both the AVX2 kernels (where the CPU has them) and the portable ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+from specdec_core.execution import gguf_kernels
+from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
+
+T = GGMLQuantizationType
+FORMATS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+K_QUANTS = {T.Q4_K, T.Q5_K, T.Q6_K}
+IMPLS = ["portable", "native"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _kernels():
+    gguf_kernels.library()
+    yield
+    gguf_kernels.use_portable_kernels(False)
+
+
+def blocks_for(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Valid blocks of ``qtype``: the gguf quantizer where it has one, else random bits (every bit
+    pattern of a K-quant block is a valid block) with small positive fp16 super-block scales."""
+    rng = np.random.default_rng(seed)
+    if qtype not in K_QUANTS:
+        return quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    scales = rng.uniform(0.002, 0.02, size=(rows, cols // block, 2)).astype(np.float16).view(np.uint8)
+    if qtype == T.Q6_K:
+        raw[..., 208:210] = scales[..., :2]
+    else:  # d and dmin lead the Q4_K / Q5_K block
+        raw[..., 0:4] = scales
+    return raw.reshape(rows, -1)
+
+
+def quantize_rows(x: np.ndarray, block: int) -> np.ndarray:
+    """The activations as the kernel sees them: per row and block of ``block`` values, scale
+    max|x| / 127, values rounded half to even; returned dequantized, in float64."""
+    v = x.astype(np.float32).reshape(x.shape[0], -1, block)
+    amax = np.abs(v).max(axis=-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(v * inv), -127, 127)
+    return (q.astype(np.float64) * (amax / np.float32(127.0)).astype(np.float64)).reshape(x.shape)
+
+
+def activations(rows: int, cols: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=gen)
+    x[1 % rows] *= 40.0  # an outlier row: must not change the others
+    if rows > 2:
+        x[2] = 0.0  # an all-zero row (scale 0)
+    return x
+
+
+def run(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tensor, threads: int = 2) -> torch.Tensor:
+    out = torch.empty(x.shape[0], blocks.shape[0])
+    gguf_kernels.gemm(int(qtype), torch.from_numpy(np.ascontiguousarray(blocks)), x, out, threads)
+    return out
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+def test_kernel_equals_dequantized_product(qtype, impl):
+    gguf_kernels.use_portable_kernels(impl == "portable")
+    n, k = 40, 768
+    blocks = blocks_for(qtype, n, k, seed=int(qtype))
+    x = activations(6, k, seed=1)
+    weight = quants.dequantize(blocks, qtype).astype(np.float64)
+    want = quantize_rows(x.numpy(), 32) @ weight.T
+    got = run(qtype, blocks, x).double().numpy()
+    # float32 accumulation of exact integer block sums: relative to the row's sum of |terms|
+    scale = np.abs(quantize_rows(x.numpy(), 32)) @ np.abs(weight).T
+    assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-30), np.abs(got - want).max()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+def test_rows_bit_identical_alone_and_batched(qtype, impl):
+    gguf_kernels.use_portable_kernels(impl == "portable")
+    n, k = 37, 512
+    blocks = blocks_for(qtype, n, k, seed=7)
+    x = activations(16, k, seed=2)
+    full = run(qtype, blocks, x)
+    assert torch.equal(run(qtype, blocks, x, threads=1), full)
+    for m in (1, 5):
+        for start in range(0, 16 - m + 1, 3):
+            assert torch.equal(run(qtype, blocks, x[start:start + m]), full[start:start + m]), (m, start)
+
+
+def run_repacked(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tensor, threads: int = 2) -> torch.Tensor:
+    packed = gguf_kernels.repack(int(qtype), torch.from_numpy(np.ascontiguousarray(blocks)), x.shape[1])
+    assert packed is not None
+    out = torch.empty(x.shape[0], blocks.shape[0])
+    gguf_kernels.gemm(packed[0], packed[1], x, out, threads)
+    return out
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q4_0, T.Q5_0, T.Q8_0], ids=lambda t: t.name)
+def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype):
+    """Formats repacked 8 output rows at a time (AVX2 only): same checks as the file's layout, with
+    a last group of 5 rows (37 = 4 x 8 + 5)."""
+    if gguf_kernels.use_portable_kernels(False) != "avx2":
+        pytest.skip("the repacked layout is used with the AVX2 kernels only")
+    n, k = 37, 768
+    blocks = blocks_for(qtype, n, k, seed=9)
+    x = activations(16, k, seed=4)
+    weight = quants.dequantize(blocks, qtype).astype(np.float64)
+    xq = quantize_rows(x.numpy(), 32)
+    full = run_repacked(qtype, blocks, x)
+    assert np.all(np.abs(full.double().numpy() - xq @ weight.T) <= 1e-5 * (np.abs(xq) @ np.abs(weight).T) + 1e-30)
+    assert torch.equal(run_repacked(qtype, blocks, x, threads=1), full)
+    for m in (1, 5, 7):
+        for start in range(0, 16 - m + 1, 3):
+            assert torch.equal(run_repacked(qtype, blocks, x[start:start + m]), full[start:start + m]), (m, start)
+    gguf_kernels.use_portable_kernels(True)  # a repacked weight is refused by the portable kernels
+    with pytest.raises(ValueError):
+        gguf_kernels.gemm(int(T.Q4_K) | 0x100, torch.zeros(1216, dtype=torch.uint8), x[:1], torch.empty(1, 8))
+    assert gguf_kernels.repack(int(qtype), torch.from_numpy(blocks), k) is None
+    gguf_kernels.use_portable_kernels(False)
+
+
+def test_native_kernels_selected_on_this_cpu():
+    """Documents which implementation the other tests exercised as "native"."""
+    active = gguf_kernels.use_portable_kernels(False)
+    assert active in ("avx2", "scalar")
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        assert active == "avx2"
+
+
+def test_fused_mixed_formats_equal_parts_and_row_subset():
+    gguf_kernels.use_portable_kernels(False)
+    k = 512
+    q = BlockWeight(int(T.Q4_K), torch.from_numpy(blocks_for(T.Q4_K, 24, k, 3)), k)
+    kk = BlockWeight(int(T.Q4_K), torch.from_numpy(blocks_for(T.Q4_K, 8, k, 4)), k)
+    v = BlockWeight(int(T.Q6_K), torch.from_numpy(blocks_for(T.Q6_K, 8, k, 5)), k)
+    bias = torch.randn(40)
+    fused = GGUFLinear([q, kk, v], bias)
+    assert fused.formats == ["Q4_K", "Q6_K"]  # same-format neighbours merged
+    x = activations(5, k, seed=6).reshape(1, 5, k)
+    got = fused(x)
+    assert got.shape == (1, 5, 40)
+    parts = [GGUFLinear([w], None)(x) for w in (q, kk, v)]
+    assert torch.equal(got, torch.cat(parts, dim=-1) + bias)
+    rows = [3, 30, 0, 17]
+    sub = GGUFLinear([q.rows(rows[:1] + rows[2:]), v.rows([0])], None)(x)
+    assert torch.equal(sub[..., 0], parts[0][..., 3]) and torch.equal(sub[..., 3], parts[2][..., 0])
+
+
+def test_unsupported_format_or_length_refused():
+    k = 96  # not a multiple of 256: no K-quant row of this length exists
+    with pytest.raises(ValueError):
+        GGUFLinear([BlockWeight(int(T.Q4_K), torch.zeros(4, 54, dtype=torch.uint8), k)], None)
+    with pytest.raises(ValueError):
+        GGUFLinear([BlockWeight(int(T.Q2_K), torch.zeros(4, 84, dtype=torch.uint8), 256)], None)

@@ -1,0 +1,138 @@
+"""``--quantize gguf`` through the engine's own ``ModelRunner``.
+
+- a tiny Qwen2 whose every linear carries K-quant / Q8_0 blocks (random blocks; the fp32 weights
+  are their dequantization): the block kernels serve every projection and the head, each row is
+  bit-identical alone, batched and verified as drafts (the batch-invariance contract), and the
+  logits are as close to the fp32 model's as int8's are;
+- SmolLM2-135M's real GGUF (Q4_1 + a Q8_0 tied head, llama q/k permutation): the blocks handed to
+  each layer dequantize exactly to the converted weights, and the logits agree with fp32 far
+  better than int8's do (kernel rounding only: no second quantization of the weights).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from conftest import load
+from gguf import GGMLQuantizationType, quants
+from test_batch_invariance import MAX_LEN, NUM_DRAFTS, PROMPT_LEN, alone, others
+from test_gguf_blocks import blocks_for
+
+from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
+from specdec_core.execution.gguf_weights import ATTRIBUTE, gguf_source, read_block_weights
+from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+
+T = GGMLQuantizationType
+CYCLE = [T.Q4_K, T.Q6_K, T.Q5_K, T.Q8_0]
+
+
+def attach_random_blocks(model: torch.nn.Module) -> None:
+    """Every linear gets blocks (formats in turn, fixed seeds) and their dequantization as weight."""
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    for i, (_, module) in enumerate(linears):
+        qtype = CYCLE[i % len(CYCLE)]
+        blocks = blocks_for(qtype, module.out_features, module.in_features, seed=100 + i)
+        with torch.no_grad():
+            module.weight.copy_(torch.from_numpy(quants.dequantize(blocks, qtype).astype(np.float32)))
+        setattr(module, ATTRIBUTE, BlockWeight(int(qtype), torch.from_numpy(blocks), module.in_features))
+
+
+@pytest.fixture(scope="module")
+def kquant_model(tiny_model_factory):
+    loaded = load(tiny_model_factory("qwen2", num_layers=2, hidden=256, seed=21))
+    attach_random_blocks(loaded.model)
+    return loaded
+
+
+def make_runner(loaded, quantize: str) -> ModelRunner:
+    if quantize == "gguf":
+        attach_random_blocks(loaded.model)  # the runner drops the blocks once prepared
+    vocab = loaded.model.get_output_embeddings().weight.shape[0]
+    return ModelRunner(loaded.model, num_slots=17, max_len=MAX_LEN, vocab_size=vocab, quantize=quantize)
+
+
+def test_blocks_serve_every_linear(kquant_model):
+    run = make_runner(kquant_model, "gguf")
+    layers = [m for m in run.native.modules() if hasattr(m, "kernel")]
+    assert layers and all(isinstance(m, GGUFLinear) for m in layers)
+    assert {f for m in layers for f in m.formats} == {"Q4_K", "Q5_K", "Q6_K", "Q8_0"}
+    assert not any(hasattr(m, ATTRIBUTE) for m in kquant_model.model.modules())
+
+
+def test_rows_bit_identical_batched_and_as_drafts(kquant_model):
+    run = make_runner(kquant_model, "gguf")
+    rng = random.Random("gguf")
+    vocab = run.vocab_size
+    prompt = [rng.randrange(vocab) for _ in range(PROMPT_LEN)]
+    follow = [rng.randrange(vocab) for _ in range(NUM_DRAFTS + 1)]
+    ref_first, ref_steps = alone(run, prompt, follow)
+    run.forward([ForwardItem(1, 0, prompt, 1)])
+    assert torch.equal(run.forward([ForwardItem(1, PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)]), ref_steps)
+    for batch_size in (4, 16):
+        slot = rng.randrange(2, 17)
+        free = [s for s in range(2, 17) if s != slot] + [0, 1]
+        before = others(rng, vocab, batch_size - 1, free)
+        got = run.forward(before + [ForwardItem(slot, 0, prompt, 1)])
+        assert torch.equal(got[-1:], ref_first)
+        after = others(rng, vocab, batch_size - 1, free)
+        got = run.forward([ForwardItem(slot, PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)] + after)
+        assert torch.equal(got[:NUM_DRAFTS + 1], ref_steps)
+
+
+def test_reduced_head_scores_exactly_its_rows(kquant_model):
+    """A draft's frequent-vocabulary head (``head_rows``) keeps those rows of the head's blocks:
+    each listed column equals the full head's, bit for bit."""
+    ids = torch.randint(0, 49152, (9,), generator=torch.Generator().manual_seed(5)).tolist()
+    rows = sorted(random.Random(1).sample(range(49152), 1003))
+    full = make_runner(kquant_model, "gguf").forward([ForwardItem(0, 0, ids, 3)])
+    attach_random_blocks(kquant_model.model)
+    reduced = ModelRunner(kquant_model.model, num_slots=2, max_len=MAX_LEN, vocab_size=49152, quantize="gguf",
+                          head_rows=rows)
+    assert isinstance(reduced.native.lm_head, GGUFLinear)
+    got = reduced.forward([ForwardItem(0, 0, ids, 3)])
+    assert torch.equal(got[:, rows], full[:, rows])
+    assert torch.isinf(got).sum() == 3 * (49152 - len(rows))
+
+
+def test_logits_as_close_to_fp32_as_int8s(kquant_model):
+    """Random K-quant blocks make a model that amplifies any activation rounding (int8 is ~25% off
+    fp32 on it as well): the block kernels must be no further from fp32 than per-row int8 is."""
+    ids = torch.randint(0, 49152, (29,), generator=torch.Generator().manual_seed(3)).tolist()
+    got = {m: make_runner(kquant_model, m).forward([ForwardItem(0, 0, ids, len(ids))]) for m in ("none", "int8", "gguf")}
+    rel = {m: ((got[m] - got["none"]).norm() / got["none"].norm()).item() for m in ("int8", "gguf")}
+    assert rel["gguf"] < 1.25 * rel["int8"], rel
+
+
+@pytest.mark.slow
+def test_smollm2_blocks_are_the_converted_weights_and_close_to_fp32(smol_gguf):
+    loaded = load(smol_gguf)
+    model = loaded.model
+    source = gguf_source(model)
+    assert source is not None and source.samefile(smol_gguf)
+    weights = read_block_weights(source, model)
+    head = model.get_output_embeddings()
+    assert len(weights) == 1 + 7 * model.config.num_hidden_layers
+    for name, weight in weights.items():
+        module = model.get_submodule(name)
+        deq = torch.from_numpy(quants.dequantize(weight.blocks.numpy(), weight.ggml_type).astype(np.float32))
+        assert torch.equal(deq, module.weight), name  # q/k rows un-permuted exactly as transformers does
+    assert weights[next(n for n, m in model.named_modules() if m is head)].type_name == "Q8_0"  # tied head
+
+    text = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)"
+    ids = loaded.tokenizer(text, return_tensors="pt").input_ids[0].tolist()
+    logits = {}
+    for mode in ("none", "int8", "gguf"):
+        run = ModelRunner(model, num_slots=1, max_len=256, vocab_size=head.weight.shape[0], quantize=mode)
+        logits[mode] = run.forward([ForwardItem(0, 0, ids, len(ids))])
+    assert isinstance(run.native.lm_head, GGUFLinear) and run.block_layers == len(weights)
+
+    def kl(mode: str) -> float:
+        lp, lq = torch.log_softmax(logits["none"], -1), torch.log_softmax(logits[mode], -1)
+        return (lp.exp() * (lp - lq)).sum(-1).mean().item()
+
+    agree = (logits["none"].argmax(-1) == logits["gguf"].argmax(-1)).float().mean().item()
+    assert agree >= 0.95 and kl("gguf") < 0.02, (agree, kl("gguf"))
+    assert kl("gguf") < kl("int8") / 3
