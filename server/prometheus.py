@@ -42,9 +42,11 @@ MODEL_LABEL = "model_name"
 class EngineCollector(Collector):
     """Reads ``engine.metrics()`` on every scrape (nothing while the engine is still loading)."""
 
-    def __init__(self, get_engine: Callable[[], Any], get_model_name: Callable[[], str]) -> None:
+    def __init__(self, get_engine: Callable[[], Any], get_model_name: Callable[[], str],
+                 get_admitted: Callable[[], int] | None = None) -> None:
         self._get_engine = get_engine
         self._get_model_name = get_model_name
+        self._get_admitted = get_admitted
 
     def collect(self) -> Iterator[Metric]:
         engine = self._get_engine()
@@ -54,8 +56,16 @@ class EngineCollector(Collector):
         if engine is None:
             return
         m, model = engine.metrics(), self._get_model_name()
-        yield _gauge("num_requests_running", "Requests in the running batch", m.num_running, model)
-        yield _gauge("num_requests_waiting", "Requests waiting to be scheduled", m.num_waiting, model)
+        running, waiting = m.num_running, m.num_waiting
+        if self._get_admitted is not None:
+            # Admission's own count, split by what the engine runs: the two gauges add up to what
+            # the next request's 429 is decided on (the engine's view lags behind by a step: it
+            # still holds requests whose client left, and not yet the ones just submitted).
+            admitted = self._get_admitted()
+            running = min(running, admitted)
+            waiting = admitted - running
+        yield _gauge("num_requests_running", "Requests in the running batch", running, model)
+        yield _gauge("num_requests_waiting", "Requests admitted and not yet running", waiting, model)
         yield _gauge("kv_cache_usage_perc", "Fraction of KV cache slots in use (0-1)", m.kv_cache_usage, model)
         yield _counter("prompt_tokens", "Prompt tokens processed", m.total_prompt_tokens, model)
         yield _counter("generation_tokens", "Tokens generated", m.total_generation_tokens, model)
@@ -101,7 +111,8 @@ def _accepted_histogram(counts: list[int], model: str) -> HistogramMetricFamily:
 class ServerMetrics:
     """The server's registry (its own, so several apps in one process never collide)."""
 
-    def __init__(self, get_engine: Callable[[], Any], get_model_name: Callable[[], str]) -> None:
+    def __init__(self, get_engine: Callable[[], Any], get_model_name: Callable[[], str],
+                 get_admitted: Callable[[], int] | None = None) -> None:
         # `*_created` timestamp series only add noise to every scrape (process-wide switch).
         disable_created_metrics()
         self.registry = CollectorRegistry()
@@ -132,7 +143,7 @@ class ServerMetrics:
             f"{PREFIX}_request_prefill_time_seconds", "Time from admission to a request's first token (its prefill)",
             [MODEL_LABEL], buckets=PREFILL_BUCKETS, registry=r,
         )
-        r.register(EngineCollector(get_engine, get_model_name))
+        r.register(EngineCollector(get_engine, get_model_name, get_admitted))
         # process_resident_memory_bytes and friends (Linux): memory growth is visible to scrapers
         # and to clients/soak.py without access to the server's /proc.
         ProcessCollector(registry=r)

@@ -45,8 +45,10 @@ class ServerState:
         self.load_error: str | None = None
         # ``created`` of the model card: when this server started serving it.
         self.created = int(time.time())
-        self.metrics = ServerMetrics(lambda: self.engine, lambda: self.served_model_name)
-        self.in_flight: set[Abortable] = set()
+        self.metrics = ServerMetrics(lambda: self.engine, lambda: self.served_model_name, lambda: self.admitted)
+        # Open generations and how many engine requests (sequences) each holds.
+        self.in_flight: dict[Abortable, int] = {}
+        self.admitted = 0
         # Mean end-to-end latency of recent requests (EWMA), for Retry-After estimates.
         self._mean_latency_s = 1.0
 
@@ -85,7 +87,7 @@ class ServerState:
         """Refuse with 429 when ``num_requests`` more would overflow the queue (``--max-queue``).
 
         Must be called right before submitting, with no ``await`` in between, so concurrent HTTP
-        requests cannot both pass the check on the same free slot.
+        requests cannot both pass the check on the same free slot; ``started`` then counts them.
         """
         max_queue = self.settings.max_queue
         if max_queue is None:
@@ -99,7 +101,10 @@ class ServerState:
                 "(running + queued); lower 'n' or send fewer prompts.",
                 param="n",
             )
-        unfinished = engine.num_unfinished
+        # The server's own count, released the moment a generation closes (its client left): the
+        # engine's count lagged a step behind every abort, and 300 clients that left at once kept
+        # new requests out with 429s for seconds while /metrics showed an idle engine.
+        unfinished = self.admitted
         if unfinished + num_requests > capacity:
             excess = unfinished + num_requests - capacity
             retry_after = max(1, math.ceil(self._mean_latency_s * math.ceil(excess / running_slots)))
@@ -116,6 +121,15 @@ class ServerState:
         self._mean_latency_s = 0.8 * self._mean_latency_s + 0.2 * seconds
 
     # -- in-flight work --------------------------------------------------------------------------
+    def started(self, item: Abortable, num_requests: int) -> None:
+        """``item`` submitted ``num_requests`` engine requests (right after ``admit``)."""
+        self.in_flight[item] = num_requests
+        self.admitted += num_requests
+
+    def ended(self, item: Abortable) -> None:
+        """``item`` closed (finished, failed or its client left): its admission is released."""
+        self.admitted -= self.in_flight.pop(item, 0)
+
     def abort_all(self) -> int:
         """Abort every in-flight generation (shutdown past its grace period). Returns how many."""
         items = list(self.in_flight)

@@ -115,7 +115,7 @@ class Generation:
                 raise engine_dead() from None
             log.exception("add_request failed", request_id=self.request_id)
             raise internal_error(self.request_id) from None
-        self.state.in_flight.add(self)
+        self.state.started(self, len(self.jobs))
         for index, stream in self.streams.items():
             self._pumps.append(asyncio.create_task(self._pump(index, stream), name=f"pump-{self.request_id}-{index}"))
 
@@ -238,7 +238,7 @@ class Generation:
                 self.state.metrics.finished.labels(finish_reason="abort").inc()
         for task in self._pumps:
             task.cancel()
-        self.state.in_flight.discard(self)
+        self.state.ended(self)
         elapsed = time.perf_counter() - self.arrival
         self.state.record_latency(elapsed)
         firsts = [c.first_token_at for c in self.choices.values() if c.first_token_at is not None]
