@@ -106,6 +106,12 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
         "response_format",
         "invalid_response_format",
     ),
+    *[(f"response-format-{name}", CHAT, {**M, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": schema}}}, 400, "response_format.json_schema.schema", None) for name, schema in [
+        ("5001-properties", {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(5001)}}),
+        ("1001-enum-values", {"enum": list(range(1001))}),
+        ("120001-characters", {"type": "string", "description": "d" * 120_000}),
+    ]],
     ("response-format-no-schema", CHAT, {**M, "response_format": {"type": "json_schema"}}, 400, "response_format", None),
     ("response-format-type", CHAT, {**M, "response_format": {"type": "yaml"}}, 400, "response_format.type", None),
     ("echo-with-logprobs", C, {**P, "echo": True, "logprobs": 1}, 400, "echo", None),

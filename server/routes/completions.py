@@ -33,6 +33,7 @@ async def create_completion(request: Request) -> Response:
     prompt_ids = await asyncio.to_thread(tokenize_prompts, tokenizer, req.prompt, engine.vocab_size)
     jobs: list[Job] = []
     echoes: dict[int, str] = {}
+    structured = req.structured_output  # one spec for every choice: one cache key, one compile
     for p, (prompt, ids) in enumerate(zip(req.prompt, prompt_ids, strict=True)):
         budget = resolve_max_tokens(
             len(ids), req.max_tokens, engine.max_model_len, prompt_param="prompt", tokens_param="max_tokens"
@@ -40,11 +41,11 @@ async def create_completion(request: Request) -> Response:
         req.check_engine_limits(engine.vocab_size, budget)
         for i in range(req.n):
             index = p * req.n + i
-            jobs.append(Job(index, ids, req.to_sampling_params(budget, index), counts_prompt=i == 0))
+            jobs.append(Job(index, ids, req.to_sampling_params(budget, index, structured), counts_prompt=i == 0))
             if req.echo:
                 echoes[index] = prompt if isinstance(prompt, str) else tokenizer.decode(ids)
 
-    await check_structured(engine, req.structured_output, "response_format")
+    await check_structured(engine, structured, "response_format")
     renderer = CompletionRenderer(TokenText(tokenizer), req.num_logprobs is not None, echoes)
     return await generate(
         request, state, engine, jobs, renderer, endpoint="completions", id_prefix="cmpl", model=model,

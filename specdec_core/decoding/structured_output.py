@@ -7,6 +7,9 @@ distributions with it, so speculation stays lossless with respect to the *constr
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,3 +32,11 @@ class StructuredOutput:
         given = sum([self.json_schema is not None, self.json_object, self.lark is not None])
         if given != 1:
             raise ValueError("structured output needs exactly one of json_schema, json_object, lark")
+
+    @functools.cached_property
+    def cache_key(self) -> str:
+        """The compiled-grammar cache key: a hash of the spec's text, computed once per spec (every
+        choice of a request shares one spec). The old key, ``json.dumps(sort_keys=True)`` per
+        choice on the event loop, stalled /health 5.5 s for a 1 MB schema with n=128."""
+        text = json.dumps([self.json_schema, self.json_object, self.lark], ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

@@ -123,6 +123,7 @@ class Engine:
         self._seed_rng = torch.Generator().manual_seed(config.seed if config.seed is not None else int(time.time_ns() % 2**31))
         self.costs = self._measure_costs()
         self.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
+        self.grammars.warm()
         self.policy = SpeculationPolicy(method, self.costs, config.adaptive_speculation, self.max_model_len, self.ngram)
 
     def _measure_costs(self) -> StepCostModel:
