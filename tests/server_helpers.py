@@ -5,6 +5,7 @@ scripted stand-in engine for faults the real engine cannot be made to produce on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -135,6 +136,26 @@ class ServerProcess:
         self._log.close()
         if self.proc.stdin is not None:
             self.proc.stdin.close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` until it holds; ``timeout`` only bounds a wait that something broke."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def serving(srv: ServerProcess, timeout: float = 30) -> Iterator[ServerProcess]:
+    """A started server for a module's tests; SIGTERM at the end must make it exit 0."""
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        rc = srv.terminate(timeout=timeout)
+    assert rc == 0
 
 
 # One real server per configuration for the whole session: starting one costs seconds (imports,

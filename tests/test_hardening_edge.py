@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_helpers import ServerProcess, tiny_args
+from server_helpers import ServerProcess, serving, tiny_args
 from test_hardening_http import WAIT_S, closed_by_server, connect, exchange, read_answer, request
 
 C = "/v1/completions"
@@ -27,18 +27,13 @@ HOSTS = "127.0.0.1,api.example.test"
 
 @pytest.fixture(scope="module")
 def guarded(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = ServerProcess(
+    with serving(ServerProcess(
         [*tiny_args(tiny_target, tiny_draft), "--header-timeout", "60", "--keep-alive-timeout", "600",
          "--limit-concurrency", str(LIMIT), "--max-connections-per-client", str(PER_CLIENT),
          "--allowed-hosts", HOSTS],
         tmp_path_factory.mktemp("guarded") / "server.log",
-    )
-    try:
-        srv.wait_ready()
+    )) as srv:
         yield srv
-    finally:
-        rc = srv.terminate(timeout=30)
-    assert rc == 0
 
 
 def connect_from(address: str, port: int) -> socket.socket:

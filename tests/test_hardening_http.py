@@ -15,8 +15,7 @@ import os
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,9 @@ from server_helpers import (
     ServerProcess,
     ThreadServer,
     metric_value,
+    serving,
     tiny_args,
+    wait_until,
 )
 
 from server.app import build_app
@@ -47,7 +48,7 @@ WAIT_S = 60.0  # upper bound on any wait below; only reached when something is b
 
 @pytest.fixture(scope="module")
 def edge(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = ServerProcess(
+    with serving(ServerProcess(
         [
             *tiny_args(tiny_target, tiny_draft),
             "--header-timeout", str(EDGE_HEADER_TIMEOUT), "--body-timeout", str(EDGE_BODY_TIMEOUT),
@@ -56,13 +57,8 @@ def edge(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathF
             "--limit-concurrency", str(EDGE_MAX_CONNECTIONS), "--allowed-hosts", EDGE_HOSTS,
         ],
         tmp_path_factory.mktemp("edge") / "server.log",
-    )
-    try:
-        srv.wait_ready()
+    )) as srv:
         yield srv
-    finally:
-        rc = srv.terminate(timeout=30)
-    assert rc == 0
 
 
 # -- raw HTTP ------------------------------------------------------------------------------------
@@ -129,12 +125,6 @@ def request(method: str, path: str, body: bytes = b"", host: str = "127.0.0.1", 
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-def wait_until(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def http_count(url: str, route: str, status: int) -> float:
@@ -193,7 +183,7 @@ def test_client_leaving_mid_body_is_logged_as_499_not_500(edge: ServerProcess) -
     before = {s: http_count(edge.url, C, s) for s in (499, 500)}
     with connect(edge.port) as sock:
         sock.sendall(request("POST", C, b'{"prompt": "Hel', content_type="application/json", content_length="100"))
-    wait_until(lambda: any(http_count(edge.url, C, s) > before[s] for s in (499, 500)), "the request to be logged")
+    wait_until(lambda: any(http_count(edge.url, C, s) > before[s] for s in (499, 500)), WAIT_S, "the request to be logged")
     assert http_count(edge.url, C, 500) == before[500]
     assert http_count(edge.url, C, 499) == before[499] + 1
     logs = [json.loads(line) for line in edge.logs().splitlines() if line.startswith("{")]
@@ -327,7 +317,7 @@ def test_connections_beyond_the_limit_get_503_until_some_close(edge: ServerProce
     finally:
         for sock in held:
             sock.close()
-    wait_until(lambda: httpx.get(edge.url + "/v1/models", timeout=10).status_code == 200, "the limit to clear")
+    wait_until(lambda: httpx.get(edge.url + "/v1/models", timeout=10).status_code == 200, WAIT_S, "the limit to clear")
 
 
 # -- finding 9: Host allow-list, redirects, empty API key ---------------------------------------------

@@ -4,24 +4,17 @@ agrees with /metrics, and structured output is bounded and off the event loop. R
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from server_helpers import TINY_MAX_NUM_SEQS, ServerProcess, metric_value, tiny_args
+from server_helpers import TINY_MAX_NUM_SEQS, ServerProcess, metric_value, tiny_args, wait_until
 
 C = "/v1/completions"
 WAIT_S = 120.0  # bound on any wait; reached only when something is broken
 
 
-def wait_until(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 P = {"model": "tiny", "prompt": "The weather today", "max_tokens": 12, "ignore_eos": True}
 
@@ -73,7 +66,7 @@ def test_clients_that_leave_release_admission_at_once(held: ServerProcess) -> No
                 with client.stream("POST", C, json=body) as leaving:
                     assert leaving.status_code == 200
             wait_until(lambda: held.logs().count("client_disconnected") >= TINY_MAX_NUM_SEQS + QUEUE - 1,
-                       "the server to see the clients leave")
+                       WAIT_S, "the server to see the clients leave")
             running, waiting = gauges(held.url)
             assert (running or 0) + (waiting or 0) == 1, (running, waiting)
             with client.stream("POST", C, json=body) as again:

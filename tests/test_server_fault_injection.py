@@ -24,6 +24,7 @@ from server_helpers import (
     shared_server,
     stop_shared,
     tiny_args,
+    wait_until,
 )
 
 MODEL = "tiny"
@@ -60,12 +61,6 @@ def engine_running(url: str) -> float | None:
     return metric_value(httpx.get(url + "/metrics", timeout=10).text, "specdec_num_requests_running")
 
 
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def finished(url: str, reason: str) -> float:

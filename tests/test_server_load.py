@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import openai
-from server_helpers import TINY_MAX_NUM_SEQS, ServerProcess, metric_value
+from server_helpers import TINY_MAX_NUM_SEQS, ServerProcess, metric_value, wait_until
 
 MODEL = "tiny"
 
@@ -17,12 +16,6 @@ def engine_load(url: str) -> tuple[float, float]:
     return metric_value(text, "specdec_num_requests_running"), metric_value(text, "specdec_num_requests_waiting")
 
 
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_24_concurrent_streams_all_finish(tiny_server: ServerProcess) -> None:
