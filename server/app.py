@@ -14,6 +14,7 @@ import structlog
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 
 from server.generation.engine_host import EngineFactory, EngineHost, load_engine
 from server.http.auth import APIKeyMiddleware
@@ -25,6 +26,8 @@ from server.settings import ServerSettings
 from server.state import Phase, ServerState
 
 log = structlog.get_logger("specdec.server")
+# Response headers a cross-origin page may read besides the CORS-safelisted ones.
+CORS_EXPOSED_HEADERS = ["x-request-id", "retry-after"]
 
 def build_app(
     settings: ServerSettings,
@@ -48,11 +51,19 @@ def build_app(
             await asyncio.gather(loader, return_exceptions=True)
             await host.stop()
 
-    # Outermost first: the request log sees every answer, the Host check runs before the key check.
+    # Outermost first: the request log sees every answer, the Host check runs before anything else
+    # (a rebound DNS name gets its 400 even on a preflight), CORS answers preflights before the key
+    # check (browsers never send credentials on a preflight; vLLM does the same) and adds its headers
+    # to every answer below it, 401s included, so a page can read why it was refused.
     middleware = [
         Middleware(RequestLogMiddleware, metrics=state.metrics),
         Middleware(RequestTargetMiddleware, allowed_hosts=settings.host_allowlist),
     ]
+    cors = settings.cors
+    if cors is not None:
+        middleware.append(Middleware(
+            CORSMiddleware, allow_origins=cors["allow_origins"], allow_methods=cors["allow_methods"],
+            allow_headers=cors["allow_headers"], expose_headers=CORS_EXPOSED_HEADERS))
     if settings.api_key:
         middleware.append(Middleware(APIKeyMiddleware, api_key=settings.api_key))
     app = Starlette(

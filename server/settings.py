@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -105,6 +106,16 @@ class ServerSettings:
         "client cannot fill --limit-concurrency alone (raise it behind a proxy that funnels all "
         "clients through one address; 0: no cap)", minimum=0))
 
+    # -- CORS (issue 22): off unless --allowed-origins is given; vLLM's flag names ------------------
+    allowed_origins: str | None = field(default=None, metadata=_flag(
+        "comma-separated origins browser pages may call this server from ('*': any), answered through "
+        "CORS headers and preflights (which need no API key); also takes vLLM's JSON list form",
+        default_help="none: no CORS headers, browsers refuse cross-origin calls"))
+    allowed_methods: str = field(default="*", metadata=_flag(
+        "comma-separated methods cross-origin requests may use, with --allowed-origins"))
+    allowed_headers: str = field(default="*", metadata=_flag(
+        "comma-separated request headers cross-origin requests may send, with --allowed-origins"))
+
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError(
@@ -113,6 +124,10 @@ class ServerSettings:
             )
         if self.api_key is not None and self.api_key != self.api_key.strip():
             raise ValueError("the API key starts or ends with whitespace, which no Authorization header can carry")
+        for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
+            value = getattr(self, name)
+            if value is not None and not split_list(value):
+                raise ValueError(f"--{name.replace('_', '-')} names nothing; give a comma-separated list, or '*'")
         if self.allowed_hosts is not None and not _split_hosts(self.allowed_hosts):
             raise ValueError("--allowed-hosts names no host; give host names, or '*' for any")
 
@@ -133,6 +148,14 @@ class ServerSettings:
         return None
 
     @property
+    def cors(self) -> dict[str, list[str]] | None:
+        """``CORSMiddleware``'s lists, or None when CORS is off (no ``--allowed-origins``)."""
+        if self.allowed_origins is None:
+            return None
+        return {"allow_origins": split_list(self.allowed_origins), "allow_methods": split_list(self.allowed_methods),
+                "allow_headers": split_list(self.allowed_headers)}
+
+    @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
@@ -146,7 +169,8 @@ class ServerSettings:
             f"allowed_hosts={self.allowed_hosts!r}, header_timeout={self.header_timeout}, "
             f"body_timeout={self.body_timeout}, keep_alive_timeout={self.keep_alive_timeout}, "
             f"limit_concurrency={self.limit_concurrency}, "
-            f"max_connections_per_client={self.max_connections_per_client})"
+            f"max_connections_per_client={self.max_connections_per_client}, "
+            f"allowed_origins={self.allowed_origins!r})"
         )
 
 
@@ -154,6 +178,21 @@ def _split_hosts(text: str) -> frozenset[str]:
     """``"a.example, B.example."`` -> ``{"a.example", "b.example"}`` (DNS names are case-insensitive
     and may end in a dot; IPv6 literals may come bracketed)."""
     return frozenset(h.strip().lower().rstrip(".").strip("[]") for h in text.split(",") if h.strip())
+
+
+def split_list(text: str) -> list[str]:
+    """A comma-separated flag value as a list; vLLM's JSON list form (``'["*"]'``) is read too, so
+    a command line written for vLLM works unchanged."""
+    stripped = text.strip()
+    if stripped.startswith("["):
+        try:
+            items = json.loads(stripped)
+        except ValueError:
+            raise ValueError(f"{text!r} is neither a comma-separated list nor a JSON list of strings") from None
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ValueError(f"{text!r} is not a JSON list of strings")
+        return [i.strip() for i in items if i.strip()]
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def _is_loopback(host: str) -> bool:
