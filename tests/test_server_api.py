@@ -111,6 +111,17 @@ def test_greedy_speculation_on_equals_off(http: httpx.Client, endpoint: str) -> 
     assert off_spec["draft_tokens"] == 0 and off_spec["acceptance_rate"] == 0.0
 
 
+def test_every_answer_names_one_system_fingerprint(client: openai.OpenAI) -> None:
+    """OpenAI's system_fingerprint: one stable string for this server's configuration, on bodies and
+    on every chunk (clients compare it to tell whether the backend changed between answers)."""
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, temperature=0)
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, stream=True,
+                                                 stream_options={"include_usage": True}))
+    prints = {chat.system_fingerprint, completion.system_fingerprint, *(c.system_fingerprint for c in chunks)}
+    assert len(prints) == 1 and str(chat.system_fingerprint).startswith("fp_"), prints
+
+
 def test_chat_stream_with_usage(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0, stream=True,

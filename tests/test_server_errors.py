@@ -16,19 +16,19 @@ LONG_PROMPT = list(range(100, 100 + TINY_MAX_MODEL_LEN))  # token ids: exactly m
 
 # (id, path, JSON body or raw bytes, status, param, code)
 CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
-    ("malformed-json", C, b'{"prompt": "Hello",', 400, None, None),
+    ("malformed-json", C, b'{"prompt": "Hello",', 400, None, "invalid_json"),
     ("empty-body", C, b"", 400, None, None),
-    ("body-not-object", C, [1, 2], 400, None, None),
-    ("temperature-low", C, {**P, "temperature": -0.1}, 400, "temperature", None),
+    ("body-not-object", C, [1, 2], 400, None, "invalid_type"),
+    ("temperature-low", C, {**P, "temperature": -0.1}, 400, "temperature", "decimal_below_min_value"),
     ("temperature-high", C, {**P, "temperature": 2.5}, 400, "temperature", None),
-    ("temperature-type", C, {**P, "temperature": "hot"}, 400, "temperature", None),
+    ("temperature-type", C, {**P, "temperature": "hot"}, 400, "temperature", "invalid_type"),
     ("temperature-bool", CHAT, {**M, "temperature": True}, 400, "temperature", None),
     ("top-p-zero", C, {**P, "top_p": 0}, 400, "top_p", None),
     ("top-p-high", CHAT, {**M, "top_p": 1.5}, 400, "top_p", None),
     ("top-k-negative", C, {**P, "top_k": -2}, 400, "top_k", None),
     ("n-zero", C, {**P, "n": 0}, 400, "n", None),
     ("n-float", CHAT, {**M, "n": 1.5}, 400, "n", None),
-    ("max-tokens-zero", C, {**P, "max_tokens": 0}, 400, "max_tokens", None),
+    ("max-tokens-zero", C, {**P, "max_tokens": 0}, 400, "max_tokens", "integer_below_min_value"),
     ("max-tokens-string", C, {**P, "max_tokens": "10"}, 400, "max_tokens", None),
     ("max-tokens-float", C, {**P, "max_tokens": 5.5}, 400, "max_tokens", None),
     ("max-tokens-bool", CHAT, {**M, "max_tokens": True}, 400, "max_tokens", None),
@@ -50,9 +50,9 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     ("prompt-empty-list", C, {**P, "prompt": []}, 400, "prompt", None),
     ("prompt-empty-string", C, {**P, "prompt": ""}, 400, "prompt", None),
     ("prompt-missing", C, {"model": "tiny"}, 400, "prompt", None),
-    ("messages-missing", CHAT, {"model": "tiny"}, 400, "messages", None),
-    ("messages-empty", CHAT, {**M, "messages": []}, 400, "messages", None),
-    ("message-role", CHAT, {**M, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role", None),
+    ("messages-missing", CHAT, {"model": "tiny"}, 400, "messages", "missing_required_parameter"),
+    ("messages-empty", CHAT, {**M, "messages": []}, 400, "messages", "empty_array"),
+    ("message-role", CHAT, {**M, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role", "invalid_value"),
     # An unhashable role once escaped validation as a TypeError (500).
     ("message-role-object", CHAT, {**M, "messages": [{"role": {}, "content": "hi"}]}, 400, "messages[0].role", None),
     ("message-not-object", CHAT, {**M, "messages": ["hi"]}, 400, "messages[0]", None),
@@ -114,6 +114,12 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     ]],
     ("response-format-no-schema", CHAT, {**M, "response_format": {"type": "json_schema"}}, 400, "response_format", None),
     ("response-format-type", CHAT, {**M, "response_format": {"type": "yaml"}}, 400, "response_format.type", None),
+    # OpenAI refuses these rather than ignoring them (issue 22, finding 9)
+    ("tools-empty", CHAT, {**M, "tools": []}, 400, "tools", "empty_array"),
+    ("tool-choice-without-tools", CHAT, {**M, "tool_choice": "none"}, 400, "tool_choice", "invalid_value"),
+    ("tool-choice-auto-without-tools", CHAT, {**M, "tool_choice": "auto", "tools": []}, 400, "tools", "empty_array"),
+    ("parallel-tool-calls-without-tools", CHAT, {**M, "parallel_tool_calls": False}, 400, "parallel_tool_calls",
+     "invalid_value"),
     ("echo-with-logprobs", C, {**P, "echo": True, "logprobs": 1}, 400, "echo", None),
     ("speculative-contradiction", C, {**P, "speculative": False, "num_speculative_tokens": 3}, 400, "num_speculative_tokens", None),
     ("num-speculative-negative", C, {**P, "num_speculative_tokens": -1}, 400, "num_speculative_tokens", None),
@@ -139,6 +145,8 @@ def assert_error_object(r: httpx.Response, status: int, param: str | None, code:
     assert err["param"] == param
     if code is not None:
         assert err["code"] == code
+    if status == 400:  # never null: clients branch on it (OpenAI's codes)
+        assert isinstance(err["code"], str) and err["code"], err
     return err
 
 

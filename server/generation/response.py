@@ -23,7 +23,7 @@ from server.generation.submission import Generation, Job, ends_the_request, run_
 from server.http.jsonio import JSONResponse
 from server.http.request_log import request_id, request_log
 from server.openai import response_types as rt
-from server.openai.bodies import envelope, usage
+from server.openai.bodies import envelope, system_fingerprint, usage
 from server.openai.renderers import Renderer
 from server.state import ServerState
 
@@ -37,13 +37,15 @@ class GenerationResponse:
     model: str
     # OpenAI's stream_options.include_usage: a last chunk with usage, and the key on every chunk.
     include_usage: bool = False
+    fingerprint: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
     def _envelope(
         self, choices: Sequence[rt.ResponseChoice], usage_: rt.Usage | None, speculative: rt.Speculative | None, *, chunk: bool
     ) -> rt.Envelope:
         obj = self.renderer.object_name(chunk=chunk)
-        return envelope(obj, self.generation.request_id, self.created, self.model, list(choices), usage_, speculative)
+        return envelope(obj, self.generation.request_id, self.created, self.model, list(choices), usage_, speculative,
+                        self.fingerprint)
 
     def _chunk(
         self, choices: Sequence[rt.ResponseChoice], usage_: rt.Usage | None = None, speculative: rt.Speculative | None = None
@@ -130,5 +132,5 @@ async def generate(
     fields.update(endpoint=endpoint, stream=stream)
     generation = Generation(state, engine, f"{id_prefix}-{request_id(request)}", jobs, arrival=arrival, log_fields=fields)
     generation.start()
-    response = GenerationResponse(generation, renderer, model, include_usage)
+    response = GenerationResponse(generation, renderer, model, include_usage, system_fingerprint(state.settings))
     return await response.respond(request, stream=stream)

@@ -62,8 +62,9 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-def invalid_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    """A 400: the client sent something we will not run."""
+def invalid_request(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
+    """A 400: the client sent something we will not run. Never ``code: null``: clients branch on
+    the code, and OpenAI's are specific (``invalid_value`` when nothing more precise applies)."""
     return APIError(400, message, param=param, code=code)
 
 

@@ -7,11 +7,15 @@ saying how much speculation helped this request.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from server.openai import response_types as rt
 from specdec_core.engine.outputs import RequestStats, TokenLogprob
+
+if TYPE_CHECKING:
+    from server.settings import ServerSettings
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> rt.Usage:
@@ -95,14 +99,27 @@ def chat_logprobs(token_text: TokenText, logprobs: Sequence[TokenLogprob]) -> rt
     return {"content": content}
 
 
+def system_fingerprint(settings: ServerSettings) -> str:
+    """OpenAI's ``system_fingerprint``: names the backend configuration that can change outputs for
+    the same request and seed (the server's version, the models, device, dtype, quantization), so a
+    client comparing answers across runs sees when it changed. Stable across restarts of one
+    configuration; speculation settings are left out because they never change the output."""
+    from server import __version__
+
+    cfg = settings.engine
+    parts = [__version__, str(cfg.model), str(cfg.draft_model), settings.served_model_name or "",
+             cfg.device, cfg.dtype, cfg.quantize]
+    return "fp_" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+
+
 def envelope(
     obj: str, completion_id: str, created: int, model: str, choices: list[rt.ResponseChoice], usage_: rt.Usage | None,
-    speculative: rt.Speculative | None,
+    speculative: rt.Speculative | None, fingerprint: str = "",
 ) -> rt.Envelope:
     """The envelope both endpoints share; ``speculative`` is specdec's report, added when present.
     The choices inside are the endpoint's own (``server.openai.renderers``)."""
     body: rt.Envelope = {"id": completion_id, "object": obj, "created": created, "model": model,
-                            "choices": choices, "usage": usage_}
+                            "choices": choices, "usage": usage_, "system_fingerprint": fingerprint}
     if speculative is not None:
         body["speculative"] = speculative
     return body

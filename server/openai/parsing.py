@@ -47,7 +47,7 @@ def parse_body(model: type[M], raw: bytes, settings: ServerSettings | None = Non
     without ``settings``); raises the 400 ``APIError`` for its first problem. The work grows with
     the body: call it off the event loop."""
     if not raw.strip():
-        raise invalid_request("The request body is empty; send a JSON object.")
+        raise invalid_request("The request body is empty; send a JSON object.", code="invalid_json")
     try:
         return model.model_validate_json(raw, context=None if settings is None else {"settings": settings})
     except ValidationError as exc:
@@ -62,17 +62,24 @@ def param_of(loc: tuple[int | str, ...]) -> str | None:
     return out or None
 
 
+# OpenAI's codes for a bound: (kind, the value is an integer) -> code.
+_BOUND_CODES = {">=": "below_min_value", ">": "below_min_value", "<=": "above_max_value", "<": "above_max_value"}
+
+
 def to_api_error(error: ErrorDetails) -> APIError:
-    """One pydantic error as the 400 a client gets: the field it names, and what was wrong with it."""
+    """One pydantic error as the 400 a client gets: the field it names, what was wrong with it, and
+    OpenAI's code for that kind of problem (``missing_required_parameter``, ``invalid_type``,
+    ``integer_below_min_value``, ``empty_array``, ... ``invalid_value`` otherwise), never null."""
     kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
     param = param_of(error["loc"])
     if kind == "json_invalid":
-        return invalid_request(f"The request body is not valid JSON: {ctx.get('error', error['msg'])}.")
+        return invalid_request(f"The request body is not valid JSON: {ctx.get('error', error['msg'])}.", code="invalid_json")
     if param is None:
         if kind in ("model_type", "model_attributes_type"):
-            return invalid_request(f"The request body must be a JSON object, got {json_type(value)}.")
+            return invalid_request(f"The request body must be a JSON object, got {json_type(value)}.", code="invalid_type")
         return invalid_request(f"Invalid request body: {error['msg']}.")
     field = f"'{param}'"
+    code = "invalid_value"
     if kind == "unsupported_parameter":
         return unsupported(param, error["msg"])
     if kind == LIMIT_EXCEEDED:
@@ -80,22 +87,28 @@ def to_api_error(error: ErrorDetails) -> APIError:
     if kind == "invalid_value":
         message = f"{field} {error['msg']}"
     elif kind == "missing":
-        message = f"{field} is required."
+        message, code = f"{field} is required.", "missing_required_parameter"
     elif kind == "float_type" and json_type(value) == "integer":  # too large for a float
         message = f"{field} is out of range, got {show(value)}."
     elif kind in _TYPE_ERRORS:
-        message = f"{field} must be {_TYPE_ERRORS[kind]}, got {json_type(value)} {show(value)}."
+        message, code = f"{field} must be {_TYPE_ERRORS[kind]}, got {json_type(value)} {show(value)}.", "invalid_type"
     elif kind in _BOUNDS:
         op = _BOUNDS[kind]
         bound = ctx.get({">=": "ge", ">": "gt", "<=": "le", "<": "lt"}[op])
         message = f"{field} must be {op} {bound}, got {show(value)}."
+        number = "integer" if isinstance(value, int) and not isinstance(value, bool) else "decimal"
+        code = f"{number}_{_BOUND_CODES[op]}"
     elif kind == "literal_error":
         message = f"{field} must be one of {ctx.get('expected')}, got {show(value)}."
     elif kind in ("too_short", "string_too_short") and ctx.get("min_length") == 1:
         message = f"{field} must not be empty."
+        code = "empty_array" if kind == "too_short" else "empty_string"
+    elif kind in ("too_long", "string_too_long"):
+        message = f"{field}: {error['msg']}."
+        code = "array_above_max_length" if kind == "too_long" else "string_above_max_length"
     else:
         message = f"{field}: {error['msg']}."
-    return invalid_request(message, param)
+    return invalid_request(message, param, code=code)
 
 
 def json_type(value: Any) -> str:

@@ -106,4 +106,5 @@ class Envelope(TypedDict):
     model: str
     choices: list[ResponseChoice]
     usage: Usage | None
+    system_fingerprint: str
     speculative: NotRequired[Speculative]

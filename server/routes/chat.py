@@ -30,7 +30,7 @@ async def create_chat_completion(request: Request) -> Response:
     model = check_model(state, req.model)
     tokenizer = engine.tokenizer
 
-    tool_use = ToolUse.from_request(req.tools, req.tool_choice, req.parallel_tool_calls, tokenizer)
+    tool_use = ToolUse.from_request(req.tools or [], req.tool_choice, req.parallel_tool_calls, tokenizer)
     messages, template_kwargs = tool_use.prompt_messages(template_messages(req.messages))
     prompt_ids = await asyncio.to_thread(
         render_chat, tokenizer, messages, template_kwargs=template_kwargs,

@@ -104,7 +104,8 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
-    tools: list[Tool] = Field([], max_length=128)
+    # None: not given. An empty list is refused, as OpenAI does ('empty_array').
+    tools: list[Tool] | None = Field(None, min_length=1, max_length=128)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     functions: NoFunctions = []
@@ -161,12 +162,19 @@ class ChatCompletionRequest(GenerationRequest):
     @field_validator("tool_choice")
     @classmethod
     def _choice_fits_tools(cls, value: Any, info: ValidationInfo) -> Any:
-        names = [t.function.name for t in info.data.get("tools", [])]
+        names = [t.function.name for t in info.data.get("tools") or []]
+        if not names:  # OpenAI refuses it, "none" included: a client sending it meant to send tools
+            raise invalid("is only allowed when 'tools' are given.")
         if isinstance(value, NamedToolChoice) and value.function.name not in names:
             raise invalid("names the function '{name}', which is not in 'tools'.", name=value.function.name)
-        if value == "required" and not names:
-            raise invalid("\"required\" needs 'tools'.")
         fmt = info.data.get("response_format")
         if (value == "required" or isinstance(value, NamedToolChoice)) and fmt is not None and fmt.type != "text":
             raise invalid("that forces a tool call cannot be combined with a JSON 'response_format'.")
+        return value
+
+    @field_validator("parallel_tool_calls")
+    @classmethod
+    def _parallel_needs_tools(cls, value: bool, info: ValidationInfo) -> bool:
+        if not info.data.get("tools"):
+            raise invalid("is only allowed when 'tools' are given.")
         return value
