@@ -1,7 +1,6 @@
 """Tool calling: the Hermes/Qwen call format parsed from whole and streamed text, the grammar that
-forces calls, prompt rendering with and without template support, and the real server driven by
-the OpenAI SDK (tiny random models: calls are forced with tool_choice, since a random model does
-not call tools by itself)."""
+forces calls, and prompt rendering with and without template support (the real server:
+``test_server_tool_calls.py``)."""
 
 from __future__ import annotations
 
@@ -9,13 +8,10 @@ import json
 import random
 from pathlib import Path
 
-import jsonschema
-import openai
 import pytest
-from server_helpers import ServerProcess
 
 from server.generation.prompts import render_chat
-from server.tools.calls import parse_all
+from server.tools.calls import assemble, parse_all
 from server.tools.hermes import ToolCallParser, call_grammar, has_marker_tokens
 
 
@@ -53,18 +49,53 @@ def test_calls_and_content_are_parsed_from_finished_text() -> None:
 
 @pytest.mark.parametrize("bad", [
     '<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call>',  # not a declared tool
-    '<tool_call>\n{"name": "get_time", "arguments": {"city": \n</tool_call>',  # not JSON
     '<tool_call>\n["get_time"]\n</tool_call>',  # not an object
-    '<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}',  # never closed
-    # nested far too deeply to be a call (a grammar can make a model write this): was a RecursionError
-    pytest.param('<tool_call>\n{"name": "get_time", "arguments": {"a": ' + "[" * 5000 + "]" * 5000 + '}}\n</tool_call>',
-                 id="nested-5000"),
+    '<tool_call>\n{"arguments": {"city": "Paris"}}\n</tool_call>',  # names nothing
+    # arguments as a JSON string nested far too deeply to be a call: was a RecursionError
     pytest.param('<tool_call>\n{"name": "get_time", "arguments": "{\\"a\\": ' + "[" * 100 + "]" * 100 + '}"}\n</tool_call>',
                  id="nested-100-in-a-string"),
+    '<tool_call>\n{"name": "get_ti',  # cut before the name was complete
+    "<tool_c",  # a cut opening tag
 ])
-def test_text_that_is_not_a_call_stays_content(bad: str) -> None:
-    content, calls = parse_tool_calls("Sure. " + bad, set(SCHEMAS))
-    assert calls == [] and content == "Sure. " + bad
+def test_call_syntax_that_is_no_call_is_dropped_never_content(bad: str) -> None:
+    """OpenAI never answers call syntax as text (clients then show it and do not run the tool)."""
+    for split in (False, True):
+        parser, content, calls = ToolCallParser(set(SCHEMAS)), "", []
+        for piece in (list("Sure. " + bad) if split else ["Sure. " + bad]):
+            text, new = parser.feed(piece)
+            content, calls = content + text, calls + new
+        rest, more = parser.finish()
+        assert (content + rest).strip() == "Sure." and calls + more == []
+
+
+@pytest.mark.parametrize("text, arguments", [
+    ('<tool_call>\n{"name": "get_time", "arguments": {"city": "Pa', '{"city": "Pa'),  # cut by max_tokens
+    ('<tool_call>\n{"name": "get_time", "argum', ""),  # cut before the arguments began
+    ('<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}', '{"city": "Paris"}'),  # never closed
+    ('<tool_call>\n{"name": "get_time", "arguments": {"city": \n</tool_call>', '{"city": \n'),  # broken JSON
+    pytest.param('<tool_call>\n{"name": "get_time", "arguments": {"a": ' + "[" * 5000 + "]" * 5000 + '}}\n</tool_call>',
+                 '{"a": ' + "[" * 5000 + "]" * 5000 + "}", id="nested-5000"),  # the text as written: no recursion
+])
+def test_a_cut_or_broken_call_is_a_call_with_the_arguments_written(text: str, arguments: str) -> None:
+    """As OpenAI answers a call cut by max_tokens: the call, its partial arguments text."""
+    content, calls = parse_tool_calls("Sure. " + text, set(SCHEMAS))
+    assert content == "Sure." and [(c.name, c.arguments) for c in calls] == [("get_time", arguments)]
+
+
+def test_an_exact_repeat_of_a_call_ends_the_answer() -> None:
+    """A small model under "required" with parallel calls repeats one call until max_tokens: the
+    repeat ends the answer (the parser says so, the server stops the generation there)."""
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"city": "Tokyo", "utc": true}}\n</tool_call>\n'
+    other = call.replace("Tokyo", "Paris")
+    for pieces in ([call * 3 + "<tool_call>\n{"], list(call * 3)):
+        parser, calls = ToolCallParser(set(SCHEMAS)), []
+        for piece in pieces:
+            calls += parser.feed(piece)[1]
+        assert parser.ended and parser.finish() == ("", [])
+        assert [(c.name, c.arguments) for c in assemble(calls)] == [("get_time", '{"city": "Tokyo", "utc": true}')]
+    # a different call after it, or a repeat cut short, does not end it; the cut repeat is not sent
+    content, calls = parse_tool_calls(call + other + call[:40], set(SCHEMAS))
+    assert content is None and [json.loads(c.arguments)["city"] for c in calls] == ["Tokyo", "Paris"]
 
 
 def test_streamed_text_gives_the_same_calls_and_content_wherever_it_is_split() -> None:
@@ -79,7 +110,7 @@ def test_streamed_text_gives_the_same_calls_and_content_wherever_it_is_split() -
             content += piece
             calls += new
         rest, more = parser.finish()
-        content, calls = content + rest, calls + more
+        content, calls = content + rest, assemble(calls + more)
         assert content.strip() == whole_content
         assert [(c.name, c.arguments) for c in calls] == [(c.name, c.arguments) for c in whole_calls]
 
@@ -96,7 +127,7 @@ def test_a_whole_answer_that_is_one_bare_call_is_that_call(text: str) -> None:
             c, new = parser.feed(piece)
             content, calls = content + c, calls + new
         rest, more = parser.finish()
-        assert content + rest == "" and [(c.name, json.loads(c.arguments)) for c in calls + more] == [
+        assert content + rest == "" and [(c.name, json.loads(c.arguments)) for c in assemble(calls + more)] == [
             ("get_time", {"city": "Tokyo", "utc": True})]
 
 
@@ -113,7 +144,8 @@ def test_without_parallel_calls_only_the_first_call_is_kept_whole_or_streamed() 
     parser = ToolCallParser(set(SCHEMAS), max_calls=1)
     streamed = [parser.feed(ch) for ch in TEXT] + [parser.finish()]
     assert "".join(c for c, _ in streamed).strip() == "Let me check."
-    assert [c.name for _, new in streamed for c in new] == ["get_weather"] and parser.num_calls == 1
+    assert [c.name for c in assemble([d for _, new in streamed for d in new])] == ["get_weather"]
+    assert parser.num_calls == 1
 
 
 def test_the_chat_renderer_keeps_one_call_and_opens_tool_streams_with_null_content(smol_tok) -> None:
@@ -132,9 +164,15 @@ def test_the_chat_renderer_keeps_one_call_and_opens_tool_streams_with_null_conte
     choice = renderer.choice(Choice(index=0, prompt_tokens=1, counts_prompt=True, text=[TEXT], finish_reason="stop"))
     assert choice["finish_reason"] == "tool_calls"
     assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather"]
-    deltas = [renderer.delta(0, ch, None) for ch in TEXT] + [renderer.finish(0, "stop")]
-    sent = [t for d in deltas if d for t in d["delta"].get("tool_calls", [])]
-    assert [(t["index"], t["function"]["name"]) for t in sent] == [(0, "get_weather")]
+    chunks = [c for ch in TEXT for c in renderer.delta(0, ch, None)] + renderer.finish(0, "stop")
+    sent = [t for c in chunks for t in c["delta"].get("tool_calls", [])]
+    # OpenAI's shape: a first piece with id, type and name and arguments "", then arguments text only
+    assert sent[0] == {"index": 0, "id": sent[0]["id"], "type": "function",
+                       "function": {"name": "get_weather", "arguments": ""}}
+    assert len(sent) > 3 and all(set(t) == {"index", "function"} and set(t["function"]) == {"arguments"}
+                                 for t in sent[1:])
+    assert "".join(t["function"]["arguments"] for t in sent) == choice["message"]["tool_calls"][0]["function"]["arguments"]
+    assert [c["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["tool_calls"]
 
 
 # ------------------------------------------------------------------------------------------ grammar
@@ -227,135 +265,3 @@ def test_a_template_that_takes_tools_renders_them_itself(smol_tokenizer_dir: Pat
                          "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
     text = tok.decode(_render_with_tools(tok, MESSAGES))
     assert text.startswith("TOOL get_weather\nTOOL get_time\nuser:")
-
-
-# ------------------------------------------------------------------------------------------ server
-
-@pytest.fixture(scope="module")
-def client(tiny_server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=tiny_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-def _valid(call) -> None:
-    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
-
-
-def _stream(client: openai.OpenAI, **kwargs) -> tuple[str, list[dict], str | None]:
-    content, calls, finish = "", {}, None
-    for chunk in client.chat.completions.create(stream=True, **kwargs):
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        content += delta.content or ""
-        for t in delta.tool_calls or []:
-            entry = calls.setdefault(t.index, {"id": "", "name": "", "arguments": ""})
-            entry["id"] += t.id or ""
-            entry["name"] += t.function.name or ""
-            entry["arguments"] += t.function.arguments or ""
-        finish = chunk.choices[0].finish_reason or finish
-    return content, [calls[i] for i in sorted(calls)], finish
-
-
-def test_a_named_function_is_called_once_with_valid_arguments(client: openai.OpenAI) -> None:
-    kwargs = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=200, temperature=0.0,
-                  tool_choice={"type": "function", "function": {"name": "get_time"}})
-    out = client.chat.completions.create(**kwargs)
-    choice = out.choices[0]
-    assert choice.finish_reason == "tool_calls" and choice.message.content is None
-    assert [c.function.name for c in choice.message.tool_calls] == ["get_time"]
-    _valid(choice.message.tool_calls[0])
-    content, calls, finish = _stream(client, **kwargs)
-    assert finish == "tool_calls" and content == ""
-    assert [(c["name"], c["arguments"]) for c in calls] == [("get_time", choice.message.tool_calls[0].function.arguments)]
-
-
-def test_the_sdks_stream_helper_assembles_the_same_message(client: openai.OpenAI) -> None:
-    """The SDK's own delta accumulation (strict tools, as its helpers require) ends with the
-    non-streamed message: content null, the same call, arguments parsed."""
-    strict = [{"type": t["type"], "function": {**t["function"], "strict": True}} for t in TOOLS]
-    kwargs = dict(model=MODEL, messages=MESSAGES, tools=strict, max_tokens=200, temperature=0.0,
-                  tool_choice={"type": "function", "function": {"name": "get_time"}})
-    whole = client.chat.completions.create(**kwargs).choices[0].message
-    with client.chat.completions.stream(**kwargs) as stream:
-        final = stream.get_final_completion().choices[0]
-    assert final.finish_reason == "tool_calls" and final.message.content is None
-    call = final.message.tool_calls[0]
-    assert (call.function.name, call.function.arguments) == (whole.tool_calls[0].function.name,
-                                                             whole.tool_calls[0].function.arguments)
-    assert call.function.parsed_arguments == json.loads(call.function.arguments)
-
-
-def test_required_calls_validate_sampled_or_not_and_with_speculation_off(client: openai.OpenAI) -> None:
-    for seed in range(4):
-        kwargs = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
-                      max_tokens=200, temperature=1.0, seed=seed)
-        choice = client.chat.completions.create(**kwargs).choices[0]
-        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
-        _valid(choice.message.tool_calls[0])
-    greedy = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=200, temperature=0.0)
-    spec = client.chat.completions.create(**greedy).choices[0].message
-    plain = client.chat.completions.create(**greedy, extra_body={"speculative": False}).choices[0].message
-    assert [(c.function.name, c.function.arguments) for c in spec.tool_calls or []] == \
-        [(c.function.name, c.function.arguments) for c in plain.tool_calls or []]
-    for call in spec.tool_calls or []:
-        _valid(call)
-
-
-def test_auto_answers_and_tool_results_go_back(client: openai.OpenAI) -> None:
-    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=0.0)
-    assert out.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    history = MESSAGES + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"city": "Tokyo", "utc": true}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "09:00"},
-    ]
-    out = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=8, temperature=0.0)
-    assert out.choices[0].message.role == "assistant"
-
-
-def test_a_bare_json_call_from_the_model_becomes_a_tool_call(client: openai.OpenAI) -> None:
-    """End to end through the real server: a JSON-schema response format makes the tiny model
-    write exactly a bare call object, which the auto parser turns into message.tool_calls."""
-    call_schema = {"type": "object", "properties": {"name": {"const": "get_time"}, "arguments": TIME},
-                   "required": ["name", "arguments"], "additionalProperties": False}
-    kwargs = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="auto", max_tokens=200, temperature=0.0,
-                  response_format={"type": "json_schema", "json_schema": {"name": "call", "schema": call_schema}})
-    choice = client.chat.completions.create(**kwargs).choices[0]
-    assert choice.finish_reason == "tool_calls" and choice.message.content is None
-    assert [c.function.name for c in choice.message.tool_calls] == ["get_time"]
-    _valid(choice.message.tool_calls[0])
-    content, calls, finish = _stream(client, **kwargs)
-    assert (content, finish) == ("", "tool_calls")
-    assert [(c["name"], c["arguments"]) for c in calls] == [("get_time", choice.message.tool_calls[0].function.arguments)]
-
-
-@pytest.mark.parametrize("body, param", [
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"tools": TOOLS + TOOLS[:1]}, "tools"),
-    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
-    ({"functions": [{"name": "f"}]}, "functions"),
-    ({"messages": [{"role": "tool", "content": "09:00"}]}, "messages[0]"),
-    ({"messages": [{"role": "user", "content": "hi", "tool_call_id": "x"}]}, "messages[0]"),
-    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
-                                                         "function": {"name": "f", "arguments": "[1]"}}]}]},
-     "messages[0].tool_calls[0].function.arguments"),
-    # nesting beyond the depth cap, and far beyond the recursion limit (was a 500 RecursionError)
-    *[({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
-        "name": "f", "arguments": '{"a": ' + "[" * depth + "]" * depth + "}"}}]}]},
-       "messages[0].tool_calls[0].function.arguments") for depth in (100, 5000)],
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strang"}}}]},
-     "tools[0].function.parameters"),
-    ({"tools": [TOOLS[0], {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
-     "tools[1].function.parameters"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "a": {"type": "string", "minLength": -1}}}}}]}, "tools[0].function.parameters"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": DEEP}}]}, "tools[0].function.parameters"),
-    # a valid schema the grammar engine cannot compile (look-ahead): refused when a call is forced
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "a": {"type": "string", "pattern": "(?=a)b"}}}}}], "tool_choice": "required"}, "tool_choice"),
-])
-def test_bad_tool_requests_are_400s_naming_the_field(client: openai.OpenAI, body: dict, param: str) -> None:
-    with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(**{"model": MODEL, "messages": MESSAGES, "max_tokens": 4, **body})
-    assert err.value.body["param"] == param, err.value.body  # type: ignore[index]

@@ -68,15 +68,14 @@ class GenerationResponse:
         async for choice, out in generation.deltas():
             if ends_the_request(out.finish_reason):
                 break
-            piece = renderer.delta(choice.index, out.text, out.logprobs)
-            if piece is not None:
+            for piece in renderer.delta(choice.index, out.text, out.logprobs):
                 yield self._chunk([piece])
             if choice.finished:
                 last = generation.all_finished and not self.include_usage
-                yield self._chunk(
-                    [renderer.finish(choice.index, choice.finish_reason)],
-                    speculative=generation.speculative() if last else None,
-                )
+                pieces = renderer.finish(choice.index, choice.finish_reason)
+                for i, piece in enumerate(pieces):
+                    final = last and i == len(pieces) - 1
+                    yield self._chunk([piece], speculative=generation.speculative() if final else None)
         failure = generation.failure()
         if failure is not None:
             yield failure.body()

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -43,6 +43,9 @@ class Job:
     params: SamplingParams
     # Usage counts a prompt once even when n choices share it.
     counts_prompt: bool = True
+    # Fed each delta's text; True once the answer is complete although the model goes on (a
+    # repeated tool call, ``server.tools``): a stop condition the server applies, like a stop string.
+    end_check: Callable[[str], bool] | None = None
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Choice:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finished: bool = False
     finish_reason: str | None = None
+    ending: bool = False  # its end_check fired: the engine was told to stop, later text is dropped
     error: str | None = None
     stats: RequestStats | None = None
     first_token_at: float | None = None
@@ -87,6 +91,7 @@ class Generation:
         self.arrival = arrival
         self.log_fields = log_fields
         self.choices = {job.index: Choice(job.index, len(job.prompt_ids), job.counts_prompt) for job in jobs}
+        self._end_checks = {job.index: job.end_check for job in jobs if job.end_check is not None}
         self.streams: dict[int, RequestStreamLike] = {}
         self._pumps: list[asyncio.Task[None]] = []
         self._queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
@@ -144,10 +149,27 @@ class Generation:
                     request_id=f"{self.request_id}-{index}", token_ids=[], text="", finished=True,
                     finish_reason="error", error=repr(item),
                 )
+            elif choice.ending:  # only the engine's final output (its stats) still counts
+                if not item.finished:
+                    continue
+                item = replace(item, token_ids=[], text="", logprobs=None,
+                               finish_reason="error" if item.finish_reason == "error" else "stop")
+            else:
+                self._check_end(choice, item)
             self._record(choice, item)
             yield choice, item
             if choice.finished and ends_the_request(choice.finish_reason):
                 return
+
+    def _check_end(self, choice: Choice, out: RequestOutput) -> None:
+        """Apply the job's ``end_check``: once it fires, the engine is told to stop the request and
+        the choice ends with "stop" when the engine's final output arrives (tokens generated in
+        between are not sent). The tokens before it are exactly the model's: nothing is resampled."""
+        check = self._end_checks.get(choice.index)
+        if check is None or not out.text or out.finished or not check(out.text):
+            return
+        choice.ending = True
+        self.streams[choice.index].abort()
 
     def _record(self, choice: Choice, out: RequestOutput) -> None:
         now = time.perf_counter()

@@ -15,7 +15,7 @@ from typing import Protocol
 from server.generation.submission import Choice
 from server.openai import response_types as rt
 from server.openai.bodies import CompletionLogprobs, TokenText, chat_logprobs
-from server.tools.calls import CallParser, ToolCall
+from server.tools.calls import CallDelta, CallParser, ToolCall
 from server.tools.tool_use import ToolUse
 from specdec_core.engine.outputs import TokenLogprob
 
@@ -31,12 +31,12 @@ class Renderer(Protocol):
         """The choices of each chunk sent before the first delta (one list per chunk)."""
         ...
 
-    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> rt.ResponseChoice | None:
-        """A streamed choice for one engine delta, or ``None`` when it carries nothing to send."""
+    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> Sequence[rt.ResponseChoice]:
+        """The streamed choices (one chunk each) for one engine delta; none when it carries nothing."""
         ...
 
-    def finish(self, index: int, finish_reason: str | None) -> rt.ResponseChoice:
-        """The streamed choice that ends choice ``index``."""
+    def finish(self, index: int, finish_reason: str | None) -> Sequence[rt.ResponseChoice]:
+        """The streamed choices that end choice ``index``; the last one carries its finish reason."""
         ...
 
     def choice(self, choice: Choice) -> rt.ResponseChoice:
@@ -68,7 +68,7 @@ class CompletionRenderer:
     def opening(self, indices: Sequence[int]) -> list[list[rt.CompletionChoice]]:
         return [[completion_choice(index, prefix, None, None)] for index, prefix in sorted(self.echoes.items())]
 
-    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> rt.CompletionChoice | None:
+    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> list[rt.CompletionChoice]:
         piece = None
         if self.logprobs and logprobs:
             builder = self._builders.get(index)
@@ -76,11 +76,11 @@ class CompletionRenderer:
                 builder = self._builders[index] = CompletionLogprobs(self.token_text, len(self.echoes.get(index, "")))
             piece = builder.piece(logprobs)
         if not text and piece is None:
-            return None
-        return completion_choice(index, text, None, piece)
+            return []
+        return [completion_choice(index, text, None, piece)]
 
-    def finish(self, index: int, finish_reason: str | None) -> rt.CompletionChoice:
-        return completion_choice(index, "", finish_reason, None)
+    def finish(self, index: int, finish_reason: str | None) -> list[rt.CompletionChoice]:
+        return [completion_choice(index, "", finish_reason, None)]
 
     def choice(self, choice: Choice) -> rt.CompletionChoice:
         prefix = self.echoes.get(choice.index, "")
@@ -102,10 +102,11 @@ class ChatRenderer:
 
     A stream opens with one chunk giving every choice its ``assistant`` role, as OpenAI does.
     With ``tools`` (the request's ``ToolUse`` when it offers any), tool calls are parsed out of
-    the text: content streams as it arrives, each call is sent as a ``delta.tool_calls`` entry
-    once its block is complete, and a choice that called a tool ends with ``finish_reason:
-    "tool_calls"``. With tools the opening ``content`` is null, so a stream that only calls tools
-    assembles into the message a non-streamed answer gives (``content: null``), as with OpenAI.
+    the text (``server.tools``): content streams as it arrives, each call as OpenAI streams one (a
+    chunk with its id and name, then chunks of ``arguments`` text as the model writes them), and a
+    choice that called a tool and ended by itself ends with ``finish_reason: "tool_calls"``. With
+    tools the opening ``content`` is null, so a stream that only calls tools assembles into the
+    message a non-streamed answer gives (``content: null``), as with OpenAI.
     """
 
     token_text: TokenText
@@ -120,30 +121,25 @@ class ChatRenderer:
         content = None if self.tools else ""
         return [[chat_chunk_choice(index, {"role": "assistant", "content": content}) for index in indices]]
 
-    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> rt.ChatChunkChoice | None:
+    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> list[rt.ChatChunkChoice]:
         piece = chat_logprobs(self.token_text, logprobs) if self.logprobs and logprobs else None
-        delta: rt.ChatDelta = {"content": text}
-        if self.tools:
-            parser = self._parser(index)
-            first = parser.num_calls
-            content, calls = parser.feed(text)
-            delta = {"content": content} if content or not calls else {}
-            if calls:
-                delta["tool_calls"] = _numbered(calls, first)
-        if not delta.get("content") and "tool_calls" not in delta and piece is None:
-            return None
-        return chat_chunk_choice(index, delta, None, piece)
-
-    def finish(self, index: int, finish_reason: str | None) -> rt.ChatChunkChoice:
         if not self.tools:
-            return chat_chunk_choice(index, {}, finish_reason)
+            return [chat_chunk_choice(index, {"content": text}, None, piece)] if text or piece is not None else []
+        content, calls = self._parser(index).feed(text)
+        chunks = _call_chunks(index, content, calls)
+        if piece is not None:  # the tokens' logprobs ride on the first chunk they produced
+            if not chunks:
+                chunks = [chat_chunk_choice(index, {"content": ""})]
+            chunks[0]["logprobs"] = piece
+        return chunks
+
+    def finish(self, index: int, finish_reason: str | None) -> list[rt.ChatChunkChoice]:
+        if not self.tools:
+            return [chat_chunk_choice(index, {}, finish_reason)]
         parser = self._parser(index)
-        first = parser.num_calls
-        rest, calls = parser.finish()  # a held-back bare call, or content after all
-        delta: rt.ChatDelta = {"content": rest} if rest else {}
-        if calls:
-            delta["tool_calls"] = _numbered(calls, first)
-        return chat_chunk_choice(index, delta, _finish_reason(finish_reason, parser.num_calls))
+        rest, calls = parser.finish()  # a held-back bare call, the rest of a cut call, or content
+        return [*_call_chunks(index, rest, calls),
+                chat_chunk_choice(index, {}, _finish_reason(finish_reason, parser.num_calls))]
 
     def choice(self, choice: Choice) -> rt.ChatChoice:
         logprobs = chat_logprobs(self.token_text, choice.logprobs) if self.logprobs else None
@@ -168,9 +164,18 @@ class ChatRenderer:
         return self._parsers[index]
 
 
-def _numbered(calls: list[ToolCall], first: int) -> list[rt.ToolCall]:
-    """A delta's ``tool_calls``; calls are numbered across the whole choice."""
-    return [call.to_openai(first + i) for i, call in enumerate(calls)]
+def _call_chunks(index: int, content: str, calls: list[CallDelta]) -> list[rt.ChatChunkChoice]:
+    """The chunks of one parsed delta: its content, then each call's first piece in a chunk of its
+    own (name, ``arguments: ""``, as OpenAI streams it) and its argument text in the next."""
+    chunks = [chat_chunk_choice(index, {"content": content})] if content else []
+    entries: list[rt.ToolCallDelta] = []
+    for call in calls:
+        if call.name is None and entries and "id" not in entries[-1] and entries[-1]["index"] == call.index:
+            entries[-1]["function"]["arguments"] = entries[-1]["function"].get("arguments", "") + call.arguments
+            continue
+        entries.append(call.to_openai())
+    chunks += [chat_chunk_choice(index, {"tool_calls": [entry]}) for entry in entries]
+    return chunks
 
 
 def _finish_reason(engine_reason: str | None, num_calls: int) -> str | None:

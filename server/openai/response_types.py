@@ -68,10 +68,25 @@ class ToolCall(TypedDict):
     index: NotRequired[int]  # streamed calls are numbered within their choice
 
 
+class FunctionCallDelta(TypedDict, total=False):
+    name: str
+    arguments: str
+
+
+class ToolCallDelta(TypedDict, total=False):
+    """A streamed piece of a call: the first names it (``id``, ``type``, ``function.name``,
+    ``arguments: ""``), the next ones carry only ``index`` and ``function.arguments`` text."""
+
+    index: int
+    id: str
+    type: Literal["function"]
+    function: FunctionCallDelta
+
+
 class ChatDelta(TypedDict, total=False):
     role: Literal["assistant"]
     content: str | None
-    tool_calls: list[ToolCall]
+    tool_calls: list[ToolCallDelta]
 
 
 class ChatChunkChoice(TypedDict):

@@ -1,4 +1,4 @@
-"""A parsed tool call, and the streaming parser contract every call format implements."""
+"""A parsed tool call, its streamed pieces, and the streaming parser contract every call format implements."""
 
 from __future__ import annotations
 
@@ -9,11 +9,15 @@ from typing import Protocol
 from server.openai import response_types as rt
 
 
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 @dataclass(frozen=True)
 class ToolCall:
     name: str
-    arguments: str  # JSON text of an object, as OpenAI sends it
-    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    arguments: str  # JSON text of an object as the model wrote it (OpenAI's format); partial when cut off
+    id: str = field(default_factory=new_call_id)
 
     def to_openai(self, index: int | None = None) -> rt.ToolCall:
         call: rt.ToolCall = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -22,22 +26,56 @@ class ToolCall:
         return call
 
 
+@dataclass(frozen=True)
+class CallDelta:
+    """One streamed piece of call ``index`` (numbered within its choice). The first piece of a
+    call names it (``id`` and ``name`` set, ``arguments`` usually ""); later ones append
+    ``arguments`` text as the model's output is accepted, as OpenAI streams calls."""
+
+    index: int
+    arguments: str
+    name: str | None = None
+    id: str | None = None
+
+    def to_openai(self) -> rt.ToolCallDelta:
+        if self.name is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {"index": self.index, "id": self.id or "", "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
 class CallParser(Protocol):
-    """Splits a choice's streamed text into content and complete calls (see ``hermes.ToolCallParser``)."""
+    """Splits a choice's streamed text into content and call pieces (see ``hermes_parser.ToolCallParser``).
+
+    ``ended``: the answer is complete although the model goes on (it repeated a call exactly); the
+    generation should stop there, and any text fed after it is ignored."""
 
     num_calls: int
+    ended: bool
 
-    def feed(self, text: str) -> tuple[str, list[ToolCall]]: ...
+    def feed(self, text: str) -> tuple[str, list[CallDelta]]: ...
 
-    def finish(self) -> tuple[str, list[ToolCall]]: ...
+    def finish(self) -> tuple[str, list[CallDelta]]: ...
+
+
+def assemble(deltas: list[CallDelta]) -> list[ToolCall]:
+    """The calls that streamed pieces add up to, in index order (what a client's accumulation gives)."""
+    calls: dict[int, ToolCall] = {}
+    for d in deltas:
+        if d.name is not None:
+            calls[d.index] = ToolCall(d.name, d.arguments, d.id or new_call_id())
+        else:
+            call = calls[d.index]
+            calls[d.index] = ToolCall(call.name, call.arguments + d.arguments, call.id)
+    return [calls[i] for i in sorted(calls)]
 
 
 def parse_all(parser: CallParser, text: str) -> tuple[str | None, list[ToolCall]]:
     """Content and calls of a finished output (content None when only calls were made): the
     streamed parse run over the whole text at once, so both answers always agree."""
-    content, calls = parser.feed(text)
+    content, deltas = parser.feed(text)
     rest, more = parser.finish()
-    content, calls = content + rest, calls + more
+    content, calls = content + rest, assemble(deltas + more)
     if calls:
         return content.strip() or None, calls
     return content, []

@@ -6,6 +6,7 @@ grammar that forces calls, and the parsers that turn each choice's text into ``t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,18 @@ class ToolUse:
 
     def parser(self) -> CallParser:
         return self.format.parser(self.names, self.max_calls)
+
+    def end_check(self) -> Callable[[str], bool]:
+        """A choice's stop condition, fed its text as it is generated: True once the answer is
+        complete although the model goes on (an exact repeat of a call it made, see
+        ``hermes_parser``). Its own parser, so streamed and whole answers stop alike."""
+        parser = self.parser()
+
+        def check(text: str) -> bool:
+            parser.feed(text)
+            return parser.ended
+
+        return check
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """Content and calls of a finished output (content None when only calls were made)."""
