@@ -82,6 +82,19 @@ def test_a_cut_or_broken_call_is_a_call_with_the_arguments_written(text: str, ar
     assert content == "Sure." and [(c.name, c.arguments) for c in calls] == [("get_time", arguments)]
 
 
+@pytest.mark.parametrize("text", ['```json\n{"name": "get_time", "arguments": {"city": "To',
+                                  '{"name": "get_time", "arguments": {"city": "To'])
+def test_a_bare_call_cut_short_is_a_call_too(text: str) -> None:
+    for pieces in ([text], list(text)):
+        parser, content, calls = ToolCallParser(set(SCHEMAS)), "", []
+        for piece in pieces:
+            c, new = parser.feed(piece)
+            content, calls = content + c, calls + new
+        rest, more = parser.finish()
+        assert content + rest == ""
+        assert [(c.name, c.arguments) for c in assemble(calls + more)] == [("get_time", '{"city": "To')]
+
+
 def test_an_exact_repeat_of_a_call_ends_the_answer() -> None:
     """A small model under "required" with parallel calls repeats one call until max_tokens: the
     repeat ends the answer (the parser says so, the server stops the generation there)."""

@@ -13,8 +13,8 @@ this parser run over its text at once, ``calls.parse_all``):
   pieces and the whole answer agree byte for byte. A block written in another shape (arguments
   as a JSON string, keys in another order) is parsed when it closes and sent whole, re-serialised,
   or dropped if it is not a call.
-- A block cut off by the end of the output (``max_tokens``, a stop string) is returned as the call
-  it started, with the partial ``arguments`` text written so far (OpenAI does the same with
+- A block cut off by the end of the output (``max_tokens``, a stop string), or a bare JSON call
+  (below) cut off, is returned as the call it started, with the partial ``arguments`` text written so far (OpenAI does the same with
   ``finish_reason: "length"``); one whose name was not complete yet is dropped.
 - An exact repeat of a call already made in this answer (same name, same arguments text) ends
   the answer (``ended``): small models asked for ``"required"`` calls with parallel calls allowed
@@ -193,7 +193,9 @@ class ToolCallParser:
                 deltas: list[CallDelta] = []
                 self._send_whole(call.name, call.arguments, deltas)
                 return "", deltas
-            content, deltas = self.feed(bare)
+            cut = _cut_bare_call(bare, self.tools)
+            # A bare call cut short is call syntax too: parsed as the block it would have been.
+            content, deltas = self.feed(bare if cut is None else OPEN + cut)
             rest, more = self.finish()
             return content + rest, deltas + more
         deltas = []
@@ -282,6 +284,21 @@ class ToolCallParser:
             assert block.index is not None
             deltas.append(CallDelta(block.index, arguments))
             self._made.append((name, arguments))
+
+
+def _cut_bare_call(text: str, tools: set[str]) -> str | None:
+    """The JSON of an output that is the unfinished start of a bare call of a declared tool
+    (``{"name": "get_time", "arguments": {"ci``, fenced or not), else None."""
+    head = text.lstrip()
+    head = head[len(FENCE):] if head.startswith(FENCE) else head
+    name = NAME.match(head)
+    if name is None or name.group(1) not in tools or ARGUMENTS.match(head, name.end()) is None:
+        return None
+    try:
+        json.JSONDecoder().raw_decode(head.lstrip())
+    except ValueError:
+        return head  # not a whole JSON value: cut short
+    return None
 
 
 def _may_be_bare_call(text: str) -> bool:
