@@ -70,7 +70,7 @@ def test_a_call_cut_by_max_tokens_is_a_call_never_content(client: openai.OpenAI,
                   tool_choice={"type": "function", "function": {"name": "get_time"}})
     full = client.chat.completions.create(max_tokens=200, **kwargs).choices[0].message.tool_calls[0].function.arguments
     choice = client.chat.completions.create(max_tokens=max_tokens, **kwargs).choices[0]
-    assert choice.finish_reason == "length" and not choice.message.content
+    assert choice.finish_reason == "length" and choice.message.content is None
     calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
     assert all(name == "get_time" and full.startswith(arguments) and arguments != full for name, arguments in calls)
     content, streamed, finish = _stream(client, max_tokens=max_tokens, **kwargs)

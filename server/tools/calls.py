@@ -71,11 +71,12 @@ def assemble(deltas: list[CallDelta]) -> list[ToolCall]:
 
 
 def parse_all(parser: CallParser, text: str) -> tuple[str | None, list[ToolCall]]:
-    """Content and calls of a finished output (content None when only calls were made): the
-    streamed parse run over the whole text at once, so both answers always agree."""
+    """Content and calls of a finished output: the streamed parse run over the whole text at once,
+    so both answers always agree. Content is None when there is none (only calls, or only call
+    syntax that was dropped), as a stream that opens with null content and sends none assembles."""
     content, deltas = parser.feed(text)
     rest, more = parser.finish()
     content, calls = content + rest, assemble(deltas + more)
     if calls:
         return content.strip() or None, calls
-    return content, []
+    return content or None, []
