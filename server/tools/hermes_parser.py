@@ -72,6 +72,7 @@ class _Block:
     args_start: int | None = None
     args_end: int | None = None  # set once the arguments object is complete
     scanned: int = 0
+    searched: int = 0  # the closing tag is not in text[:searched]
     depth: int = 0
     in_string: bool = False
     escaped: bool = False
@@ -237,10 +238,14 @@ class ToolCallParser:
 
     def _close_at(self, block: _Block) -> int:
         """Where the block's closing tag starts, or -1. Inside an arguments object still being
-        written a ``</tool_call>`` is string content, not the end."""
+        written a ``</tool_call>`` is string content, not the end. Each feed searches only the
+        text not searched before (a long block must not cost quadratic time)."""
         if block.args_start is not None and block.args_end is None and not block.dropped:
             return -1
-        return block.text.find(CLOSE, block.args_end or 0)
+        end = block.text.find(CLOSE, max(block.args_end or 0, block.searched))
+        if end < 0:
+            block.searched = max(len(block.text) - len(CLOSE) + 1, 0)
+        return end
 
     def _complete(self, block: _Block, deltas: list[CallDelta]) -> None:
         """The block closed: a call in another shape is parsed whole now; remember the call."""
@@ -272,10 +277,13 @@ class ToolCallParser:
         return True
 
     def _send_arguments(self, block: _Block, deltas: list[CallDelta]) -> None:
-        arguments = block.arguments
-        if block.index is not None and len(arguments) > block.sent:
-            deltas.append(CallDelta(block.index, arguments[block.sent:]))
-            block.sent = len(arguments)
+        """Send the arguments text written since the last piece (sliced, not rebuilt: linear time)."""
+        if block.index is None or block.args_start is None:
+            return
+        end = block.args_end if block.args_end is not None else block.scanned
+        if end > block.args_start + block.sent:
+            deltas.append(CallDelta(block.index, block.text[block.args_start + block.sent: end]))
+            block.sent = end - block.args_start
 
     def _send_whole(self, name: str, arguments: str, deltas: list[CallDelta], block: _Block | None = None) -> None:
         block = block or _Block()
