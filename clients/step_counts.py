@@ -138,7 +138,7 @@ def steady_step(target: Path, draft: Path, batch: int, k: int, temperature: floa
     from specdec_core.loading.loader import load_model
 
     config = EngineConfig(model=str(target), draft_model=str(draft), device="cpu", dtype="bfloat16", quantize="none",
-                          max_num_seqs=max(batch, 1), max_model_len=256, speculative_method="draft" if k else "none",
+                          max_num_seqs=max(batch, 1), max_model_len=256, attention="packed", speculative_method="draft" if k else "none",
                           num_speculative_tokens=max(k, 1), adaptive_speculation=False, seed=0)
     def load(path: Path, role: str) -> Any:
         return load_model(str(path), role=role, device="cpu", dtype="bfloat16", cache_dir=path.parent, progress=False)
