@@ -6,8 +6,9 @@ tensor on the host (``tolist``, ``item``, ``bool``) or blocking upload waits for
 Both can be counted on the CPU, where the device code path (``--quantize none``, bf16) runs the
 same Python as on CUDA: a ``TorchDispatchMode`` counts ops (views and other metadata-only ops
 left out) and patched ``Tensor.tolist/item/__bool__/to`` and ``torch.tensor(..., device=...)``
-count host round trips. Tiny random Qwen2 models with the real depths of the default pair
-(target 28 layers, draft 24) give the real counts.
+count host round trips. The engine runs with ``attention="packed"``, the layout CUDA runs (one
+attention call per layer for the whole step). Tiny random Qwen2 models with the real depths of
+the default pair (target 28 layers, draft 24) give the real counts.
 
     python clients/step_counts.py                 # the table for B in 1, 16 and k in 0, 4
     python clients/step_counts.py --json out.json

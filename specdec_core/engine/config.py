@@ -90,6 +90,11 @@ class EngineConfig:
     # vLLM's --max-num-batched-tokens, a budget for all tokens of a step: hence another name.)
     prefill_chunk_size: int = field(default=512, metadata=_flag(
         "prompt tokens prefilled per engine step (long prompts are prefilled in chunks of this size)", minimum=1))
+    # Full prompt chunks stay in a finished request's slot until it is reused; a request whose
+    # prompt starts with them skips their prefill (bit-identical logits: see prefix_cache.py).
+    enable_prefix_caching: bool = field(default=True, metadata=_flag(
+        "reuse the cached keys/values of earlier prompts' full prefill chunks for a prompt that starts with "
+        "them (chat histories, agents resending files); the logits are those of a recompute"))
     ngram_min: int = field(default=1, metadata=_flag(
         "shortest suffix --speculative-method ngram looks up in the request's tokens", group="models", minimum=1))
     ngram_max: int = field(default=4, metadata=_flag(

@@ -118,7 +118,7 @@ class Engine:
         self.speculative_step = SpeculativeStep(self.target, self.drafter, self.ngram)
         log.info("execution: target %s path, draft %s, quantize=%s", self.target.path,
                  self.draft_runner.path if self.draft_runner else "none", self.quantize)
-        self.scheduler = Scheduler(config.max_num_seqs, config.prefill_chunk_size)
+        self.scheduler = Scheduler(config.max_num_seqs, config.prefill_chunk_size, config.enable_prefix_caching)
         self.metrics = EngineMetrics()
         self._seed_rng = torch.Generator().manual_seed(config.seed if config.seed is not None else int(time.time_ns() % 2**31))
         self.costs = self._measure_costs()
@@ -196,6 +196,7 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()                                    # schedule
+        self._copy_prefixes(plan)
         if plan.empty:
             return []
         self.policy.plan(plan.items)                                        # plan
@@ -218,6 +219,14 @@ class Engine:
         observe_step(self.costs, plan.items, outcome.draft_seconds, seconds - outcome.draft_seconds,
                      1 + self.num_speculative_tokens)
         return self._commit_step(plan, outcome)                               # commit
+
+    def _copy_prefixes(self, plan: ScheduledStep) -> None:
+        """Cached prompt prefixes the scheduler handed to admitted requests, copied between slots."""
+        for c in plan.copies:
+            self.target.cache.copy_prefix(c.src, c.dst, c.length)
+            if self.draft_runner is not None:
+                self.draft_runner.cache.copy_prefix(c.src, c.dst, c.draft_length)
+        self.metrics.prefix_cache_hit_tokens += plan.cached_tokens
 
     def _isolate_failure(self, plan: ScheduledStep, exc: Exception) -> list[RequestOutput]:
         """The batched step failed before its commit, so no request state moved: bisect. Each half
@@ -247,6 +256,7 @@ class Engine:
         outputs = []
         for b, it in enumerate(plan.items):
             it.request.num_computed += it.num_new
+            self.scheduler.record_prefill(it.request)
             if outcome.draft_cached[b] is not None:
                 it.request.draft_computed = outcome.draft_cached[b]  # type: ignore[assignment]
             accepted, final = outcome.accepted[b], outcome.final[b]
