@@ -88,3 +88,32 @@ def test_only_full_prompt_chunks_are_shared():
     assert cache.lookup(prompt, prefer={0}).length == 4
     cache.keep_only(0, 0)
     assert cache.lookup(prompt, prefer={0}) is None
+
+
+@pytest.fixture(scope="module")
+def small_chunks(tiny_target, tiny_draft, tmp_path_factory):
+    from server_helpers import ServerProcess, serving, tiny_args
+
+    with serving(ServerProcess([*tiny_args(tiny_target, tiny_draft), "--prefill-chunk-size", "16"],
+                               tmp_path_factory.mktemp("prefix") / "server.log")) as srv:
+        yield srv
+
+
+def test_usage_reports_the_cached_prompt_tokens_as_openai_does(small_chunks):
+    """A chat that resends its history: the second turn's usage says how much of the prompt the
+    cache served (``prompt_tokens_details.cached_tokens``), and the answer is the uncached one."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=small_chunks.url + "/v1", api_key="unused")
+    system = {"role": "system", "content": "You review Python code for bugs. " * 12}
+    turn = [system, {"role": "user", "content": "def add(a, b): return a - b"}]
+    first = client.chat.completions.create(model="tiny", messages=turn, max_tokens=8, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    again = client.chat.completions.create(model="tiny", messages=turn, max_tokens=8, temperature=0)
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached % 16 == 0 and again.usage.prompt_tokens - 16 <= cached < again.usage.prompt_tokens
+    assert again.choices[0].message.content == first.choices[0].message.content
+    longer = turn + [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "And def mul(a, b): return a + b"}]
+    follow = client.chat.completions.create(model="tiny", messages=longer, max_tokens=8, temperature=0)
+    assert follow.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 16

@@ -14,11 +14,13 @@ from server.openai import response_types as rt
 from specdec_core.engine.outputs import RequestStats, TokenLogprob
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> rt.Usage:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> rt.Usage:
+    """OpenAI's usage object; ``cached_tokens``: prompt tokens the prefix cache served."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 

@@ -212,11 +212,9 @@ class Engine:
 
     def _run(self, plan: ScheduledStep) -> list[RequestOutput]:
         """Propose, score and verify without touching request state; then commit."""
-        t0 = time.perf_counter()
         outcome = self.speculative_step.run(plan.items)                      # propose, forward, verify
-        seconds = time.perf_counter() - t0
-        self.metrics.record_step(outcome.draft_seconds, seconds - outcome.draft_seconds)
-        observe_step(self.costs, plan.items, outcome.draft_seconds, seconds - outcome.draft_seconds,
+        self.metrics.record_step(outcome.draft_seconds, outcome.target_seconds)
+        observe_step(self.costs, plan.items, outcome.draft_seconds, outcome.target_seconds,
                      1 + self.num_speculative_tokens)
         return self._commit_step(plan, outcome)                               # commit
 

@@ -112,7 +112,9 @@ class DraftModelProposer:
             q = apply(logits[: len(act)], table, drafts)
             column = torch.full_like(rows, j)
             probs.index_put_((rows, column), q)
-            drafts.index_put_((rows, column), sample(q, u.index_select(0, rows)[:, j]))
+            # Greedy rows are one-hot: their argmax is the draw (no CDF over the vocabulary).
+            drawn = q.argmax(dim=-1) if table.all_greedy else sample(q, u.index_select(0, rows)[:, j])
+            drafts.index_put_((rows, column), drawn)
         return probs
 
     def _grammar_masks(self, items: list[ScheduledRequest], act: list[int], j: int, drafts: torch.Tensor,
@@ -120,9 +122,9 @@ class DraftModelProposer:
         """Masks after each grammar request's drafts so far (read to the host: one round trip).
         A request whose earlier draft had no allowed token left gets an all-False row: its
         draft there is rejected by verification, nothing after it counts."""
-        if j == 0:
-            known, alive = [[] for _ in range(drafts.shape[0])], [[] for _ in range(drafts.shape[0])]
-        else:
+        known: list[list[int]] = [[] for _ in range(drafts.shape[0])]
+        alive: list[list[bool]] = [[] for _ in range(drafts.shape[0])]
+        if j > 0:
             known, alive = drafts[:, :j].tolist(), (probs[:, :j].sum(dim=-1) > 0).tolist()
         none = torch.zeros(self.runner.vocab_size, dtype=torch.bool)
         masks: list[torch.Tensor | None] = []
