@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 from typing import TypeVar
 
 import structlog
@@ -60,28 +59,13 @@ def check_model(state: ServerState, model: str | None) -> str:
     return served
 
 
-# Grammar compiles run on their own small pool, never the default one that validation and
-# tokenization share (a trivial request once waited 62 s behind eight 8 MB schemas), and at most
-# GRAMMAR_QUEUE wait for it: beyond that a 503 with Retry-After, not an ever longer queue.
-GRAMMAR_WORKERS, GRAMMAR_QUEUE = 1, 4
-_grammar_pool = concurrent.futures.ThreadPoolExecutor(GRAMMAR_WORKERS, thread_name_prefix="grammar")
-_grammar_pending = 0
-
-
-async def check_structured(engine: EngineLike, spec: StructuredOutput | None, param: str) -> None:
-    """Compile a structured-output spec once per request, off the event loop (the engine caches
-    it for the request's choices); a spec the grammar engine cannot compile is a 400 that says
-    why, and a full compile queue a 503."""
-    global _grammar_pending
+async def check_structured(state: ServerState, engine: EngineLike, spec: StructuredOutput | None, param: str) -> None:
+    """Compile a structured-output spec once per request, off the event loop, on the server's
+    grammar pool (``server.generation.grammar_pool``; the engine caches the result for the request's
+    choices); a spec the grammar engine cannot compile is a 400 that says why, a full pool a 503."""
     if spec is None:
         return
-    if _grammar_pending >= GRAMMAR_WORKERS + GRAMMAR_QUEUE:
-        raise APIError(503, "Too many structured-output grammars are being compiled; retry shortly.",
-                       code="grammar_queue_full", headers={"Retry-After": "1"})
-    _grammar_pending += 1
     try:
-        await asyncio.get_running_loop().run_in_executor(_grammar_pool, engine.compile_structured, spec)
+        await state.grammar_pool.run(engine.compile_structured, spec)
     except ValueError as exc:
         raise invalid_request(f"'{param}' {exc}", param, code="invalid_response_format") from None
-    finally:
-        _grammar_pending -= 1
