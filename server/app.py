@@ -47,6 +47,7 @@ def build_app(
             loader.cancel()
             await asyncio.gather(loader, return_exceptions=True)
             await host.stop()
+            state.close()
 
     # Outermost first: the request log sees every answer, the Host check runs before the key check.
     middleware = [
