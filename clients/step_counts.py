@@ -6,8 +6,9 @@ tensor on the host (``tolist``, ``item``, ``bool``) or blocking upload waits for
 Both can be counted on the CPU, where the device code path (``--quantize none``, bf16) runs the
 same Python as on CUDA: a ``TorchDispatchMode`` counts ops (views and other metadata-only ops
 left out) and patched ``Tensor.tolist/item/__bool__/to`` and ``torch.tensor(..., device=...)``
-count host round trips. Tiny random Qwen2 models with the real depths of the default pair
-(target 28 layers, draft 24) give the real counts.
+count host round trips. The engine runs with ``attention="packed"``, the layout CUDA runs (one
+attention call per layer for the whole step). Tiny random Qwen2 models with the real depths of
+the default pair (target 28 layers, draft 24) give the real counts.
 
     python clients/step_counts.py                 # the table for B in 1, 16 and k in 0, 4
     python clients/step_counts.py --json out.json
@@ -138,7 +139,7 @@ def steady_step(target: Path, draft: Path, batch: int, k: int, temperature: floa
     from specdec_core.loading.loader import load_model
 
     config = EngineConfig(model=str(target), draft_model=str(draft), device="cpu", dtype="bfloat16", quantize="none",
-                          max_num_seqs=max(batch, 1), max_model_len=256, speculative_method="draft" if k else "none",
+                          max_num_seqs=max(batch, 1), max_model_len=256, attention="packed", speculative_method="draft" if k else "none",
                           num_speculative_tokens=max(k, 1), adaptive_speculation=False, seed=0)
     def load(path: Path, role: str) -> Any:
         return load_model(str(path), role=role, device="cpu", dtype="bfloat16", cache_dir=path.parent, progress=False)

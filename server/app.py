@@ -50,6 +50,7 @@ def build_app(
             loader.cancel()
             await asyncio.gather(loader, return_exceptions=True)
             await host.stop()
+            state.close()
 
     # Outermost first: the request log sees every answer, the Host check runs before anything else
     # (a rebound DNS name gets its 400 even on a preflight), CORS answers preflights before the key

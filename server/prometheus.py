@@ -68,6 +68,8 @@ class EngineCollector(Collector):
         yield _gauge("num_requests_waiting", "Requests admitted and not yet running", waiting, model)
         yield _gauge("kv_cache_usage_perc", "Fraction of KV cache slots in use (0-1)", m.kv_cache_usage, model)
         yield _counter("prompt_tokens", "Prompt tokens processed", m.total_prompt_tokens, model)
+        yield _counter("prefix_cache_hits", "Prompt tokens served from the prefix cache (not prefilled)",
+                       m.prefix_cache_hit_tokens, model)
         yield _counter("generation_tokens", "Tokens generated", m.total_generation_tokens, model)
         yield _counter("engine_steps", "Engine steps (draft + verify rounds)", m.total_steps, model)
         yield _counter("spec_decode_num_draft_tokens", "Draft tokens proposed", m.total_draft_tokens, model)

@@ -73,6 +73,13 @@ class ServerSettings:
         "most sequences one request may ask for: prompts x 'n'", minimum=1, group="limits"))
     max_messages: int = field(default=2048, metadata=_flag(
         "most messages one chat request may hold", minimum=1, group="limits"))
+    # Parsing a body holds the GIL throughout (server.http.json_shape): its shape is counted first.
+    max_body_containers: int = field(default=50_000, metadata=_flag(
+        "most JSON arrays, objects and object keys one request body may hold (counted before parsing, "
+        "which holds the event loop about 1 us for each)", minimum=1, group="limits"))
+    max_body_values: int = field(default=524_288, metadata=_flag(
+        "most JSON values one request body may hold, counted as the commas between them (before parsing; "
+        "enough for 128 prompts of 4096 token ids)", minimum=1, group="limits"))
     allow_special_tokens_in_content: bool = field(default=False, metadata=_flag(
         "encode special-token text inside chat messages (e.g. '<|im_end|>') as the special tokens "
         "themselves, as the chat template's own ones are; by default it is plain text, so a message "

@@ -13,6 +13,7 @@ import time
 from typing import Protocol
 
 from server.generation.engine_host import EngineLike
+from server.generation.grammar_pool import GrammarPool
 from server.http.errors import APIError
 from server.prometheus import ServerMetrics
 from server.settings import ServerSettings
@@ -51,6 +52,8 @@ class ServerState:
         self.admitted = 0
         # Mean end-to-end latency of recent requests (EWMA), for Retry-After estimates.
         self._mean_latency_s = 1.0
+        # Structured-output compiles: their own bounded pool, shut down with the app (``close``).
+        self.grammar_pool = GrammarPool()
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -129,6 +132,10 @@ class ServerState:
     def ended(self, item: Abortable) -> None:
         """``item`` closed (finished, failed or its client left): its admission is released."""
         self.admitted -= self.in_flight.pop(item, 0)
+
+    def close(self) -> None:
+        """Release what the state owns (the app's lifespan calls this once it has stopped)."""
+        self.grammar_pool.shutdown()
 
     def abort_all(self) -> int:
         """Abort every in-flight generation (shutdown past its grace period). Returns how many."""

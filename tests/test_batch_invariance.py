@@ -173,3 +173,28 @@ def test_dense_kernel_path_in_bfloat16(tiny_model_factory):
     got = run.forward([ForwardItem(1, 0, ids[0].tolist(), 12)])
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, ref, rtol=0.05, atol=0.1)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_packed_attention_computes_what_the_segments_compute(models, arch):
+    """The one-call-per-layer layout CUDA runs, on the CPU: every row of a mixed batch (prompt
+    chunks, decode rows, rows with drafts) equals the segmented layout up to fp32 rounding, and
+    a verified draft equals plain decoding of the same token up to rounding."""
+    loaded = models[arch]
+    vocab = loaded.model.get_output_embeddings().weight.shape[0]
+    seg = runner(loaded, "none")
+    packed = ModelRunner(loaded.model, num_slots=17, max_len=MAX_LEN, vocab_size=vocab, attention="packed")
+    assert packed.attention == "packed" and seg.attention == "segments"
+    rng = random.Random(f"packed-{arch}")
+    prefill = [ForwardItem(s, 0, [rng.randrange(vocab) for _ in range(60)], 1) for s in range(8)]
+    for run in (seg, packed):
+        run.forward(prefill)
+    batch = others(rng, vocab, 8, list(range(8, 16))) + [
+        ForwardItem(s, 60, [rng.randrange(vocab) for _ in range(1 + s % 5)], 1 + s % 5, s % 5) for s in range(8)]
+    torch.testing.assert_close(packed.forward(batch), seg.forward(batch), rtol=1e-4, atol=1e-4)
+    prompt = [rng.randrange(vocab) for _ in range(PROMPT_LEN)]
+    follow = [rng.randrange(vocab) for _ in range(NUM_DRAFTS + 1)]
+    _, ref_steps = alone(seg, prompt, follow)
+    packed.forward([ForwardItem(16, 0, prompt, 1)])
+    verify = packed.forward([ForwardItem(16, PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)])
+    torch.testing.assert_close(verify, ref_steps, rtol=1e-4, atol=1e-4)

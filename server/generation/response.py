@@ -56,7 +56,7 @@ class GenerationResponse:
         return body
 
     def _usage(self) -> rt.Usage:
-        return usage(self.generation.prompt_tokens, self.generation.completion_tokens)
+        return usage(self.generation.prompt_tokens, self.generation.completion_tokens, self.generation.cached_tokens)
 
     async def chunks(self) -> AsyncIterator[dict[str, Any]]:
         """The stream's chunks: the renderer's opening, a chunk per delta with something in it, a

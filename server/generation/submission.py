@@ -218,6 +218,11 @@ class Generation:
         return sum(c.prompt_tokens for c in self.choices.values() if c.counts_prompt)
 
     @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the prefix cache served (counted once per prompt, like ``prompt_tokens``)."""
+        return sum(c.stats.cached_tokens for c in self.choices.values() if c.counts_prompt and c.stats is not None)
+
+    @property
     def completion_tokens(self) -> int:
         return sum(c.completion_tokens for c in self.choices.values())
 

@@ -22,6 +22,10 @@ records as a disconnect (499), not as a server error.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
+import functools
+from collections.abc import Callable
 
 from starlette.requests import Request
 
@@ -75,3 +79,26 @@ async def _read(request: Request, max_bytes: int) -> bytes:
             raise too_large(max_bytes)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+# Bodies at least this large give their memory back to the OS once parsed (``release_memory``).
+LARGE_BODY_BYTES = 1024 * 1024
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+
+
+def release_memory() -> None:
+    """Hand freed heap memory back to the OS. After an 8 MB body is parsed, the allocator keeps the
+    pages its many small objects used, and RSS stayed up for good (2.4 -> 4.4 GB after a flood of
+    them). ``malloc_trim`` walks the heap without the GIL (ctypes releases it); call it off the loop."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

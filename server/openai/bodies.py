@@ -18,11 +18,13 @@ if TYPE_CHECKING:
     from server.settings import ServerSettings
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> rt.Usage:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> rt.Usage:
+    """OpenAI's usage object; ``cached_tokens``: prompt tokens the prefix cache served."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 

@@ -13,6 +13,7 @@ and variable that raise the limit; its ``code`` is ``limit_exceeded``.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationInfo
@@ -61,8 +62,29 @@ def check_sequences(prompts: int, n: int, settings: ServerSettings) -> None:
         raise exceeded("max_sequences_per_request", asked, limit)
 
 
-def check_prompt_chars(chars: int, settings: ServerSettings) -> None:
-    check_count(chars, settings.prompt_chars_limit, "max_prompt_chars", "characters of prompt text")
+def check_prompt_chars(chars: int, settings: ServerSettings, what: str = "") -> None:
+    """``what`` says what was counted when it is more than the field itself ("messages and tools together")."""
+    noun = "characters of prompt text" + (f" ({what})" if what else "")
+    check_count(chars, settings.prompt_chars_limit, "max_prompt_chars", noun)
+
+
+def json_chars(value: Any) -> int:
+    """Characters of ``value`` as compact JSON (escapes aside): how tool definitions reach the
+    prompt. Iterative, so it needs no bound on nesting, and it builds no string."""
+    total, todo = 0, [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            total += 1 + max(len(item), 1) + sum(len(str(key)) + 3 for key in item)  # {} , "key":
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            total += 1 + max(len(item), 1)  # [] and commas
+            todo.extend(item)
+        elif isinstance(item, str):
+            total += len(item) + 2
+        else:
+            total += len(json.dumps(item))
+    return total
 
 
 def check_list_size(value: Any, info: ValidationInfo, setting: str, noun: str) -> Any:

@@ -54,7 +54,7 @@ def _generation(summary: str, model: type, answer: str) -> dict[str, Any]:
                     "description": f"{answer}; with \"stream\": true, a text/event-stream of chunks ending in 'data: [DONE]'.",
                     "content": {"application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": {"type": "string"}}},
                 },
-                **_errors(400, 401, 404, 429, 500, 503),
+                **_errors(400, 401, 404, 408, 413, 415, 429, 500, 503),  # 408/413/415: server.http.body
             },
         }
     }

@@ -12,10 +12,15 @@ from typing import Literal, TypedDict
 from typing_extensions import NotRequired
 
 
+class PromptTokensDetails(TypedDict):
+    cached_tokens: int  # prompt tokens served from the prefix cache
+
+
 class Usage(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class Speculative(TypedDict):

@@ -43,7 +43,7 @@ async def create_chat_completion(request: Request) -> Response:
     structured, param = req.structured_output, "response_format"
     if tool_use.forced:  # "required" or a named function: decode under the call grammar
         structured, param = tool_use.constraint(), "tool_choice"
-    await check_structured(engine, structured, param)
+    await check_structured(state, engine, structured, param)
     jobs = [Job(i, prompt_ids, req.to_sampling_params(budget, i, structured), counts_prompt=i == 0,
                 end_check=tool_use.end_check() if tool_use.offered else None) for i in range(req.n)]
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 from typing import TypeVar
 
 import structlog
 from starlette.requests import Request
 
 from server.generation.engine_host import EngineLike
-from server.http.body import read_json_body
+from server.http.body import LARGE_BODY_BYTES, read_json_body, release_memory
 from server.http.errors import APIError, invalid_request
+from server.http.json_shape import json_shape
 from server.http.request_log import request_id, request_log
+from server.openai.limits import LIMIT_EXCEEDED
 from server.openai.parsing import parse_body, show
 from server.openai.schemas.base import Schema
 from server.settings import ServerSettings
@@ -37,7 +38,13 @@ async def read_request(request: Request, schema: type[S]) -> S:
     body, so it runs off the event loop."""
     settings = server_state(request).settings
     raw = await read_json_body(request, settings.max_body_bytes, settings.body_timeout)
-    body, unknown = await asyncio.to_thread(_validate, schema, raw, settings)
+    large = len(raw) >= LARGE_BODY_BYTES
+    try:
+        body, unknown = await asyncio.to_thread(_validate, schema, raw, settings)
+    finally:
+        if large:  # the parser's garbage is freed now: give it back (the body itself lives on)
+            del raw
+            await asyncio.to_thread(release_memory)
     if unknown:
         names = [name[:MAX_FIELD_NAME] for name in unknown[:MAX_LOGGED_FIELDS]]
         log.warning("ignoring unknown request fields", request_id=request_id(request), fields=names, count=len(unknown))
@@ -46,8 +53,22 @@ async def read_request(request: Request, schema: type[S]) -> S:
 
 
 def _validate(schema: type[S], raw: bytes, settings: ServerSettings) -> tuple[S, list[str]]:
+    check_shape(raw, settings)
     body = parse_body(schema, raw, settings)
     return body, body.unknown_fields()
+
+
+def check_shape(raw: bytes, settings: ServerSettings) -> None:
+    """Refuse a body whose parse alone would hold the GIL too long (``server.http.json_shape``)."""
+    shape = json_shape(raw)
+    for count, limit, setting, noun in (
+        (shape.containers, settings.max_body_containers, "max_body_containers", "JSON arrays, objects and object keys"),
+        (shape.values, settings.max_body_values, "max_body_values", "JSON values"),
+    ):
+        if count > limit:
+            flag, env = "--" + setting.replace("_", "-"), "SPECDEC_" + setting.upper()
+            raise invalid_request(f"The request body has {count} {noun}; this server parses at most {limit} "
+                                  f"(raise it with {flag} or {env}).", code=LIMIT_EXCEEDED)
 
 
 def check_model(state: ServerState, model: str | None) -> str:
@@ -60,28 +81,13 @@ def check_model(state: ServerState, model: str | None) -> str:
     return served
 
 
-# Grammar compiles run on their own small pool, never the default one that validation and
-# tokenization share (a trivial request once waited 62 s behind eight 8 MB schemas), and at most
-# GRAMMAR_QUEUE wait for it: beyond that a 503 with Retry-After, not an ever longer queue.
-GRAMMAR_WORKERS, GRAMMAR_QUEUE = 1, 4
-_grammar_pool = concurrent.futures.ThreadPoolExecutor(GRAMMAR_WORKERS, thread_name_prefix="grammar")
-_grammar_pending = 0
-
-
-async def check_structured(engine: EngineLike, spec: StructuredOutput | None, param: str) -> None:
-    """Compile a structured-output spec once per request, off the event loop (the engine caches
-    it for the request's choices); a spec the grammar engine cannot compile is a 400 that says
-    why, and a full compile queue a 503."""
-    global _grammar_pending
+async def check_structured(state: ServerState, engine: EngineLike, spec: StructuredOutput | None, param: str) -> None:
+    """Compile a structured-output spec once per request, off the event loop, on the server's
+    grammar pool (``server.generation.grammar_pool``; the engine caches the result for the request's
+    choices); a spec the grammar engine cannot compile is a 400 that says why, a full pool a 503."""
     if spec is None:
         return
-    if _grammar_pending >= GRAMMAR_WORKERS + GRAMMAR_QUEUE:
-        raise APIError(503, "Too many structured-output grammars are being compiled; retry shortly.",
-                       code="grammar_queue_full", headers={"Retry-After": "1"})
-    _grammar_pending += 1
     try:
-        await asyncio.get_running_loop().run_in_executor(_grammar_pool, engine.compile_structured, spec)
+        await state.grammar_pool.run(engine.compile_structured, spec)
     except ValueError as exc:
         raise invalid_request(f"'{param}' {exc}", param, code="invalid_response_format") from None
-    finally:
-        _grammar_pending -= 1

@@ -45,7 +45,7 @@ async def create_completion(request: Request) -> Response:
             if req.echo:
                 echoes[index] = prompt if isinstance(prompt, str) else tokenizer.decode(ids)
 
-    await check_structured(engine, structured, "response_format")
+    await check_structured(state, engine, structured, "response_format")
     renderer = CompletionRenderer(TokenText(tokenizer), req.num_logprobs is not None, echoes)
     return await generate(
         request, state, engine, jobs, renderer, endpoint="completions", id_prefix="cmpl", model=model,

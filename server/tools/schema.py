@@ -16,7 +16,7 @@ import jsonschema
 from pydantic import AfterValidator, Field, PlainValidator, field_validator
 
 from server.http.jsonio import MAX_JSON_DEPTH, loads_bounded, nesting_depth
-from server.openai.schemas.base import Schema, invalid
+from server.openai.schemas.base import Schema, invalid, schema_within_caps
 
 FUNCTION_NAME = r"[A-Za-z0-9_.-]{1,64}"  # OpenAI's rule for a function's name
 FunctionName = Annotated[str, Field(pattern=f"^{FUNCTION_NAME}$")]
@@ -33,6 +33,7 @@ def _parameters_schema(value: dict[str, Any] | None) -> dict[str, Any] | None:
         return value
     if nesting_depth(value) > MAX_JSON_DEPTH:
         raise invalid("nests deeper than {limit} levels.", limit=MAX_JSON_DEPTH)
+    schema_within_caps(value)  # OpenAI's caps, as on response_format, before the meta-schema check
     text = json.dumps(value, sort_keys=True)  # not orjson: a body may hold integers beyond 64 bits
     check = _meta_schema_problem if len(text) <= MAX_CACHED_SCHEMA_BYTES else _meta_schema_problem.__wrapped__
     problem = check(text)

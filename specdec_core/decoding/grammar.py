@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from specdec_core.decoding.finite_schema import has_finite_value
 from specdec_core.decoding.structured_output import StructuredOutput
 
 # Whitespace between JSON tokens: up to 32 characters (indented output up to depth ~7), never
@@ -49,8 +50,12 @@ class GrammarCompiler:
 
     def warm(self) -> None:
         """Build llguidance's view of the tokenizer now (about a second): done lazily, it stalled the
-        first constrained request's event loop 1.0-1.3 s."""
+        first constrained request's event loop 1.0-1.3 s. Import ``llguidance.torch`` too: the first
+        ``GrammarState`` (made on the event loop) imported it, and with it parts of torch, which
+        held the loop 1-4 s."""
         if self.eos_ids:
+            import llguidance.torch  # noqa: F401
+
             self._tokenizer()
 
     def _tokenizer(self) -> Any:
@@ -84,6 +89,9 @@ class GrammarCompiler:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return CompiledGrammar(self._cache[key], self)
+        if spec.json_schema is not None and not has_finite_value(spec.json_schema):  # decoded forever
+            raise ValueError("is a schema no finite JSON value matches: a required property or item refers back "
+                             "to its own schema with no way to end (make it optional, or offer an alternative)")
         tokenizer = self._tokenizer()
         try:
             if spec.lark is not None:

@@ -77,6 +77,12 @@ class EngineConfig:
         "linear layers: int8 (per-row activation and per-channel weight scales, batch-invariant; CPU only), "
         "gguf (a GGUF model's own quantized blocks, 8-bit per-row activations, batch-invariant; CPU only), "
         "none (fp32 on CPU, bf16 on CUDA), auto = int8 on CPU, none on CUDA"))
+    # "segments" keeps every row bit-identical alone and batched (the CPU's promise); "packed" is
+    # one attention call per layer for the whole step (what a launch-bound GPU needs).
+    attention: Literal["auto", "segments", "packed"] = field(default="auto", metadata=_flag(
+        "attention layout of the Llama-family forward: segments (one call per request's known tokens and per "
+        "draft; rows bit-identical alone and batched), packed (one call per layer for the whole step; rows equal "
+        "up to rounding), auto = segments on CPU, packed on CUDA"))
     max_num_seqs: int = field(default=8, metadata=_flag("requests decoded together in one batch", minimum=1))
     max_model_len: int = field(default=2048, metadata=_flag("prompt + completion tokens per request", minimum=1))
     # Prompt tokens prefilled per step. Prompts are cut into chunks of this size at fixed offsets
@@ -84,6 +90,11 @@ class EngineConfig:
     # vLLM's --max-num-batched-tokens, a budget for all tokens of a step: hence another name.)
     prefill_chunk_size: int = field(default=512, metadata=_flag(
         "prompt tokens prefilled per engine step (long prompts are prefilled in chunks of this size)", minimum=1))
+    # Full prompt chunks stay in a finished request's slot until it is reused; a request whose
+    # prompt starts with them skips their prefill (bit-identical logits: see prefix_cache.py).
+    enable_prefix_caching: bool = field(default=True, metadata=_flag(
+        "reuse the cached keys/values of earlier prompts' full prefill chunks for a prompt that starts with "
+        "them (chat histories, agents resending files); the logits are those of a recompute"))
     ngram_min: int = field(default=1, metadata=_flag(
         "shortest suffix --speculative-method ngram looks up in the request's tokens", group="models", minimum=1))
     ngram_max: int = field(default=4, metadata=_flag(

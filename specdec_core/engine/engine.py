@@ -17,6 +17,7 @@ Everything here runs on the engine thread; ``AsyncEngine`` is the thread-safe fa
 from __future__ import annotations
 
 import logging
+import random
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,19 +34,17 @@ from specdec_core.engine.config import EngineConfig, speculation_method
 from specdec_core.engine.outputs import RequestOutput, RequestStats, TokenLogprob
 from specdec_core.engine.request import Request
 from specdec_core.engine.scheduler import Scheduler
+from specdec_core.engine.speculative_step import SpeculativeStep, StepOutcome
 from specdec_core.engine.stats import EngineMetrics
 from specdec_core.engine.step_plan import ScheduledStep
 from specdec_core.execution.hf_types import HFModule
-from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.loading.draft_vocab import frequent_token_ids
 from specdec_core.loading.progress_log import phase
 from specdec_core.speculation.cost_model import StepCostModel, calibrate, observe_step
 from specdec_core.speculation.draft_model import DraftModelProposer
 from specdec_core.speculation.ngram import NgramProposer
 from specdec_core.speculation.policy import SpeculationPolicy
-from specdec_core.speculation.proposal import Proposal
-from specdec_core.speculation.proposers import propose
-from specdec_core.speculation.verifier import VerifyResult, verify_requests
 
 log = logging.getLogger("specdec.engine")
 
@@ -105,7 +104,7 @@ class Engine:
         self.quantize = resolve_quantize(config.quantize, param.device, param.dtype)
         def runner(model: HFModule, head_rows: list[int] | None = None) -> ModelRunner:
             return ModelRunner(model, config.max_num_seqs, config.max_model_len, vocab, self.quantize,
-                               release_weights=owns_models, head_rows=head_rows)
+                               release_weights=owns_models, head_rows=head_rows, attention=config.attention)
 
         with phase(log, f"preparing {self.quantize} kernels for the target model"):
             self.target = runner(target.model)
@@ -116,9 +115,10 @@ class Engine:
                 self.draft_runner = runner(draft.model, head)
         self.drafter = DraftModelProposer(self.draft_runner) if self.draft_runner is not None else None
         self.ngram = NgramProposer(config.ngram_min, config.ngram_max) if method in ("ngram", "auto") else None
+        self.speculative_step = SpeculativeStep(self.target, self.drafter, self.ngram)
         log.info("execution: target %s path, draft %s, quantize=%s", self.target.path,
                  self.draft_runner.path if self.draft_runner else "none", self.quantize)
-        self.scheduler = Scheduler(config.max_num_seqs, config.prefill_chunk_size)
+        self.scheduler = Scheduler(config.max_num_seqs, config.prefill_chunk_size, config.enable_prefix_caching)
         self.metrics = EngineMetrics()
         self._seed_rng = torch.Generator().manual_seed(config.seed if config.seed is not None else int(time.time_ns() % 2**31))
         self.costs = self._measure_costs()
@@ -169,7 +169,7 @@ class Engine:
             k = min(k, params.num_speculative_tokens)
         ban = sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)) if params.min_tokens else []
         return Request(
-            request_id or uuid.uuid4().hex, ids, params, torch.Generator().manual_seed(seed),
+            request_id or uuid.uuid4().hex, ids, params, random.Random(seed),
             IncrementalDetokenizer(self.tokenizer, params.stop), k,
             ngram=self.ngram.new_index() if self.ngram is not None else None,
             grammar=self.grammars.compile(params.structured).new_state() if params.structured is not None else None,
@@ -196,6 +196,7 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         plan = self.scheduler.schedule()                                    # schedule
+        self._copy_prefixes(plan)
         if plan.empty:
             return []
         self.policy.plan(plan.items)                                        # plan
@@ -211,38 +212,19 @@ class Engine:
 
     def _run(self, plan: ScheduledStep) -> list[RequestOutput]:
         """Propose, score and verify without touching request state; then commit."""
-        t0 = time.perf_counter()
-        proposal = propose(plan.items, self.drafter, self.ngram)              # propose
-        t1 = time.perf_counter()
-        logits = self.target.forward(self._forward_items(plan, proposal))     # forward
-        t2 = time.perf_counter()
-        self.metrics.record_step(t1 - t0, t2 - t1)
-        observe_step(self.costs, plan.items, t1 - t0, t2 - t1, 1 + self.num_speculative_tokens)
-        verifying = [i for i, it in enumerate(plan.items) if it.completes]
-        result = self._verify(plan, proposal, verifying, logits)             # verify
-        return self._commit_step(plan, proposal, verifying, result, logits)  # commit
+        outcome = self.speculative_step.run(plan.items)                      # propose, forward, verify
+        self.metrics.record_step(outcome.draft_seconds, outcome.target_seconds)
+        observe_step(self.costs, plan.items, outcome.draft_seconds, outcome.target_seconds,
+                     1 + self.num_speculative_tokens)
+        return self._commit_step(plan, outcome)                               # commit
 
-    @staticmethod
-    def _forward_items(plan: ScheduledStep, proposal: Proposal) -> list[ForwardItem]:
-        """Each request's known tokens (a prompt chunk or its last token) then its drafts; logits
-        only for requests whose known tokens are all in the cache after this step."""
-        items = []
-        for it, drafts in zip(plan.items, proposal.tokens):
-            r = it.request
-            known = r.all_ids[r.num_computed:r.num_computed + it.num_new]
-            items.append(ForwardItem(r.cache_slot, r.num_computed, known + drafts,
-                                     1 + len(drafts) if it.completes else 0, num_drafts=len(drafts)))
-        return items
-
-    def _verify(self, plan: ScheduledStep, proposal: Proposal, verifying: list[int],
-                logits: torch.Tensor) -> VerifyResult | None:
-        if not verifying:
-            return None
-        q = proposal.probs
-        if q is not None and len(verifying) < len(plan.items):
-            q = q[verifying]
-        return verify_requests([plan.items[i].request for i in verifying],
-                               [proposal.tokens[i] for i in verifying], q, logits)
+    def _copy_prefixes(self, plan: ScheduledStep) -> None:
+        """Cached prompt prefixes the scheduler handed to admitted requests, copied between slots."""
+        for c in plan.copies:
+            self.target.cache.copy_prefix(c.src, c.dst, c.length)
+            if self.draft_runner is not None:
+                self.draft_runner.cache.copy_prefix(c.src, c.dst, c.draft_length)
+        self.metrics.prefix_cache_hit_tokens += plan.cached_tokens
 
     def _isolate_failure(self, plan: ScheduledStep, exc: Exception) -> list[RequestOutput]:
         """The batched step failed before its commit, so no request state moved: bisect. Each half
@@ -266,27 +248,26 @@ class Engine:
 
     # ------------------------------------------------------------------ commit and stop
 
-    def _commit_step(self, plan: ScheduledStep, proposal: Proposal, verifying: list[int],
-                     result: VerifyResult | None, logits: torch.Tensor) -> list[RequestOutput]:
+    def _commit_step(self, plan: ScheduledStep, outcome: StepOutcome) -> list[RequestOutput]:
         """Where a step moves running requests' state (cache cursors, tokens, stops); admission
         and slots are the scheduler's."""
-        for i, it in enumerate(plan.items):
-            it.request.num_computed += it.num_new
-            cached = proposal.draft_cached[i] if proposal.draft_cached is not None else None
-            if cached is not None:
-                it.request.draft_computed = cached
         outputs = []
-        row = 0
-        for b, i in enumerate(verifying):
-            it, drafts = plan.items[i], proposal.tokens[i]
-            n_rows = len(drafts) + 1
+        for b, it in enumerate(plan.items):
+            it.request.num_computed += it.num_new
+            self.scheduler.record_prefill(it.request)
+            if outcome.draft_cached[b] is not None:
+                it.request.draft_computed = outcome.draft_cached[b]  # type: ignore[assignment]
+            accepted, final = outcome.accepted[b], outcome.final[b]
+            if accepted is None or final is None:
+                continue  # still in prefill
+            drafts = outcome.drafts[b]
+            row = outcome.row_start[b]
             try:
-                out = self._commit(it.request, drafts, it.source, result.num_accepted[b],  # type: ignore[union-attr]
-                                   result.final_token[b], logits[row:row + n_rows])  # type: ignore[union-attr]
+                out = self._commit(it.request, drafts, it.source, accepted, final,
+                                   outcome.logits[row:row + len(drafts) + 1])
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
                 log.error("request %s failed", it.request.request_id, exc_info=exc)
                 out = self._fail(it.request, exc)
-            row += n_rows
             if out is not None:
                 outputs.append(out)
         return outputs

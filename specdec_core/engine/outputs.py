@@ -25,6 +25,8 @@ class RequestStats:
     """Per-request counters; ``accepted_histogram[j]`` counts verify steps that accepted j drafts."""
 
     prompt_tokens: int = 0
+    # Prompt tokens found in the prefix cache (not prefilled again): OpenAI's ``cached_tokens``.
+    cached_tokens: int = 0
     completion_tokens: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
@@ -55,6 +57,7 @@ class RequestStats:
             if s is None:
                 continue
             total.prompt_tokens += s.prompt_tokens
+            total.cached_tokens += s.cached_tokens
             total.completion_tokens += s.completion_tokens
             total.draft_tokens += s.draft_tokens
             total.accepted_tokens += s.accepted_tokens

@@ -4,6 +4,7 @@ sampling state and its statistics."""
 from __future__ import annotations
 
 import enum
+import random
 import time
 from typing import TYPE_CHECKING
 
@@ -39,7 +40,7 @@ class Request:
         request_id: str,
         prompt_ids: list[int],
         params: SamplingParams,
-        generator: torch.Generator,
+        generator: random.Random,
         detokenizer: IncrementalDetokenizer,
         max_spec_tokens: int,
         *,
@@ -71,20 +72,36 @@ class Request:
         # Token ids masked until ``params.min_tokens`` tokens are out (EOS unless ignored, stop ids).
         self.min_tokens_ban = min_tokens_ban or []
 
-    def row_params(self, drafts: list[int]) -> RowParams:
-        """How the logits row after the committed tokens plus ``drafts`` is warped. The draft
-        model's q and the target's p both come from here: one rule for both is what keeps
-        speculation lossless under penalties, ``min_tokens`` and grammars alike."""
+    def row_params(self, num_drafts: int) -> RowParams:
+        """How the logits row after the committed tokens plus ``num_drafts`` drafts is warped.
+        The draft model's q and the target's p both come from here: one rule for both is what
+        keeps speculation lossless under penalties, ``min_tokens`` and grammars alike.
+
+        Penalties count the committed tokens here; the drafts before the row are counted on the
+        device, where they are drawn (``WarpTable.draft_history``). A grammar's mask depends on
+        the drafts themselves: ``grammar_mask`` gives it (the ``min_tokens`` ban folded in)."""
         p = self.params
-        history = self.output_ids + drafts if p.has_penalties else None
-        allowed = self.grammar.mask(drafts) if self.grammar is not None else None
-        banned = self.min_tokens_ban if len(self.output_ids) + len(drafts) < p.min_tokens else []
-        if banned and allowed is not None:
+        history = self.output_ids if p.has_penalties else None
+        banned = self.min_tokens_ban if len(self.output_ids) + num_drafts < p.min_tokens and self.grammar is None else []
+        return RowParams(p, history, banned)
+
+    def grammar_mask(self, drafts: list[int]) -> torch.Tensor:
+        """Bool ``[V]``: what the grammar allows after the committed tokens plus ``drafts``,
+        less the ``min_tokens`` ban unless the grammar allows only the end there (it wins)."""
+        assert self.grammar is not None
+        allowed = self.grammar.mask(drafts)
+        if len(self.output_ids) + len(drafts) < self.params.min_tokens and self.min_tokens_ban:
             rest = allowed.clone()
-            rest[banned] = False
-            if not rest.any():
-                banned = []  # the grammar allows only the end here: it wins over min_tokens
-        return RowParams(p, history, banned, allowed)
+            rest[self.min_tokens_ban] = False
+            if rest.any():
+                allowed = rest
+        return allowed
+
+    def draws(self, count: int) -> list[float]:
+        """``count`` uniforms from the request's own stream: a seeded request draws the same
+        numbers whatever shares its batch, on any device (they are drawn on the host, uploaded
+        with the step)."""
+        return [self.generator.random() for _ in range(count)]
 
     @property
     def cache_slot(self) -> int:

@@ -8,7 +8,8 @@ running request in decode gets 1 token (the speculation policy then adds drafts)
 Prompts are cut at fixed offsets (0, C, 2C, ...) and a chunk is scheduled whole or not at all:
 how a prompt is chunked, and so the arithmetic of its prefill, never depends on what else is
 running. Together with the batch-invariant forward this keeps a request's logits independent of
-the batch.
+the batch, and it makes every full prompt chunk in the cache reusable by a later request with the
+same prefix (``PrefixCache``): admission hands such a request the slot that holds it, or a copy.
 """
 
 from __future__ import annotations
@@ -16,17 +17,21 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from specdec_core.engine.prefix_cache import PrefixCache
 from specdec_core.engine.request import Request, Status
-from specdec_core.engine.step_plan import ScheduledRequest, ScheduledStep
+from specdec_core.engine.step_plan import PrefixCopy, ScheduledRequest, ScheduledStep
 from specdec_core.execution.kv_cache import SlotAllocator
 
 
 class Scheduler:
-    def __init__(self, max_num_seqs: int, prefill_chunk: int) -> None:
+    def __init__(self, max_num_seqs: int, prefill_chunk: int, prefix_caching: bool = True) -> None:
         self.slots = SlotAllocator(max_num_seqs)
         self.prefill_chunk = prefill_chunk
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.prefix = PrefixCache(prefill_chunk) if prefix_caching else None
+        # Draft-cache positions a freed slot still holds (its last request's draft_computed).
+        self._draft_held: dict[int, int] = {}
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -35,13 +40,13 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledStep:
+        step = ScheduledStep()
         while self.waiting and self.slots.num_free:
             req = self.waiting.popleft()
-            req.slot = self.slots.allocate()
+            self._admit(req, step)
             req.status = Status.RUNNING
             req.stats.scheduled_time = time.monotonic()
             self.running.append(req)
-        step = ScheduledStep()
         # Decoding requests first (1 token each, plus drafts the policy adds), then whole prompt
         # chunks while the prefill budget lasts. A chunk that finishes its prompt may carry
         # drafts too, so speculation starts at the first generated token.
@@ -59,6 +64,32 @@ class Scheduler:
                 budget -= n
         return step
 
+    def _admit(self, req: Request, step: ScheduledStep) -> None:
+        """Give ``req`` a slot: the free one holding its longest cached prefix if there is one
+        (nothing to copy), else the least recently freed one, with the prefix copied from where it
+        is cached. A seeded sampled request takes no draft rows from the cache: the last bits of
+        its draft's distributions, and so its draws, must not depend on what ran before it."""
+        hit = self.prefix.lookup(req.prompt_ids, self.slots.free_slots) if self.prefix is not None else None
+        in_place = hit is not None and hit.slot in self.slots.free_slots
+        req.slot = self.slots.allocate(hit.slot if in_place else None)  # type: ignore[union-attr]
+        if self.prefix is not None:
+            self.prefix.keep_only(req.cache_slot, hit.length if in_place else 0)  # type: ignore[union-attr]
+        if hit is None:
+            return
+        source = next((r for r in self.running if r.slot == hit.slot), None)
+        held = source.draft_computed if source is not None else self._draft_held.get(hit.slot, 0)
+        draft = 0 if req.seeded else min(hit.length, held)
+        req.num_computed = req.stats.cached_tokens = hit.length
+        step.cached_tokens += hit.length
+        req.draft_computed = draft
+        if not in_place:
+            step.copies.append(PrefixCopy(hit.slot, req.cache_slot, hit.length, draft))
+
+    def record_prefill(self, req: Request) -> None:
+        """After a step: the request's full prompt chunks now in the cache become shareable."""
+        if self.prefix is not None and req.slot is not None and req.num_computed <= len(req.prompt_ids):
+            self.prefix.record(req.slot, req.prompt_ids, req.num_computed)
+
     def remove(self, req: Request) -> None:
         """Drop a finished or aborted request and free its slot at once."""
         if req in self.running:
@@ -66,6 +97,7 @@ class Scheduler:
         elif req in self.waiting:
             self.waiting.remove(req)
         if req.slot is not None:
+            self._draft_held[req.slot] = min(req.draft_computed, len(req.prompt_ids))
             self.slots.free(req.slot)
             req.slot = None
 

@@ -34,6 +34,8 @@ class EngineMetrics:
     num_waiting: int = 0
     kv_cache_usage: float = 0.0
     total_prompt_tokens: int = 0
+    # Prompt tokens taken from the prefix cache instead of being prefilled.
+    prefix_cache_hit_tokens: int = 0
     total_generation_tokens: int = 0
     total_draft_tokens: int = 0
     total_accepted_tokens: int = 0

@@ -27,9 +27,22 @@ class ScheduledRequest:
         return self.request.num_computed + self.num_new == self.request.num_tokens
 
 
+@dataclass(frozen=True)
+class PrefixCopy:
+    """Before the step runs: copy a cached prompt prefix from slot ``src`` into the admitted
+    request's slot ``dst``: ``length`` target positions and ``draft_length`` draft positions."""
+
+    src: int
+    dst: int
+    length: int
+    draft_length: int
+
+
 @dataclass
 class ScheduledStep:
     items: list[ScheduledRequest] = field(default_factory=list)
+    copies: list[PrefixCopy] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens admitted requests found in the prefix cache
 
     @property
     def empty(self) -> bool:

@@ -31,21 +31,30 @@ class PackedLayout:
 
 
 class SlotAllocator:
-    """Hands out cache slots; a finished request's slot is reusable at once."""
+    """Hands out cache slots; a finished request's slot is reusable at once.
+
+    Free slots are handed out least recently freed first: a freed slot still holds its request's
+    prompt (``PrefixCache``), and the longer it stays unused the less likely that is wanted."""
 
     def __init__(self, num_slots: int) -> None:
         self.num_slots = num_slots
-        self._free = list(range(num_slots - 1, -1, -1))
+        self._free = list(range(num_slots))
 
-    def allocate(self) -> int | None:
-        return self._free.pop() if self._free else None
+    def allocate(self, slot: int | None = None) -> int | None:
+        """The least recently freed slot, or ``slot`` (which must be free)."""
+        if slot is not None:
+            self._free.remove(slot)
+            return slot
+        return self._free.pop(0) if self._free else None
 
     def free(self, slot: int) -> None:
         if slot in self._free:
             raise RuntimeError(f"slot {slot} freed twice")
         self._free.append(slot)
-        # Keep low slots first so running requests tend to sit in contiguous regions.
-        self._free.sort(reverse=True)
+
+    @property
+    def free_slots(self) -> set[int]:
+        return set(self._free)
 
     @property
     def num_free(self) -> int:
@@ -100,6 +109,16 @@ class SlotKVCache(Cache):
                 rows = cache.index_select(1, lay.key_index)
             out.append(rows.unsqueeze(0))
         return out[0], out[1]
+
+    @torch.inference_mode()
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` positions of slot ``src`` into slot ``dst`` (a cached prompt
+        prefix handed to another request): a memory copy instead of a forward."""
+        if length <= 0 or src == dst:
+            return
+        a, b = src * self.max_len, dst * self.max_len
+        for cache in (*self.keys, *self.values):
+            cache[:, b:b + length].copy_(cache[:, a:a + length])
 
     def get_seq_length(self, layer_idx: int = 0) -> int:  # type: ignore[override]
         # Positions are always passed explicitly; this is only consulted when they are not.

@@ -16,14 +16,34 @@ Two execution paths, chosen per model at start-up (``ModelRunner.path``):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+from specdec_core.execution.attention import PackedAttention, Segment
 from specdec_core.execution.gguf_weights import attach_block_weights, detach_block_weights, prepare_block_linears
 from specdec_core.execution.hf_types import HFModule
+from specdec_core.execution.host_upload import HostUpload, Ref
 from specdec_core.execution.kv_cache import PackedLayout, SlotKVCache
 from specdec_core.execution.linear_kernels import Quantize, prepare_linears
-from specdec_core.execution.native_llama import Batch, NativeLlama, Segment, supports_native
+from specdec_core.execution.native_llama import Batch, NativeLlama, supports_native
+
+# How the native path attends (``attention``): "segments" (one call per request's known tokens
+# and one per draft: rows bit-identical alone and batched; the CPU default), "packed" (one call
+# per layer for the whole forward: the launch-bound CUDA default), "auto" picks by device.
+Attention = Literal["auto", "segments", "packed"]
+
+
+@dataclass
+class ForwardPlan:
+    """The host half of one forward: every index it needs, placed in a step's ``HostUpload``
+    (so a step with several forwards uploads once); ``ModelRunner.run`` does the rest."""
+
+    refs: dict[str, Ref]
+    num_logits: int
+    segments: list[tuple[int, int, int, int]] | None = None  # native, segmented: row, q_len, base, kv_len
+    packed_shape: tuple[int, int, int] | None = None  # native, packed: groups, rows and keys per group
+    key_range: tuple[int, int] | None = None  # transformers path, one request: its contiguous keys
 
 
 @dataclass
@@ -48,7 +68,7 @@ class ModelRunner:
 
     def __init__(self, model: HFModule, num_slots: int, max_len: int, vocab_size: int,
                  quantize: Quantize = "none", release_weights: bool = False,
-                 head_rows: list[int] | None = None) -> None:
+                 head_rows: list[int] | None = None, attention: Attention = "auto") -> None:
         """``release_weights``: the runner owns ``model`` and may free the original weights it
         has copied into prepared kernels (halves peak memory); leave it off for shared models.
         ``head_rows``: score only these token ids (``draft_vocab``); every other logit is -inf,
@@ -66,6 +86,7 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.native: NativeLlama | None = None
+        self.attention = ("packed" if self.device.type == "cuda" else "segments") if attention == "auto" else attention
         # gguf: the linears of a model converted from a GGUF file get the file's blocks while preparing
         self.block_layers = attach_block_weights(model) if quantize == "gguf" else 0
         try:
@@ -89,87 +110,149 @@ class ModelRunner:
             self.path = "transformers"
 
     def forward(self, items: list[ForwardItem]) -> torch.Tensor:
-        """Return float32 logits ``[sum(num_logits), vocab_size]`` in item order."""
-        if self.native is not None:
-            logits = self.native(self._native_batch(items), self.cache)
-            rows = self.native.head_rows
-            if rows is None:
-                return logits[:, : self.vocab_size]
-            full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
-            full[:, rows] = logits
-            return full
-        return self._packed_forward(items)
+        """Return float32 logits ``[sum(num_logits), vocab_size]`` in item order (one upload)."""
+        upload = HostUpload()
+        plan = self.plan(items, upload)
+        return self.run(plan, upload.send(self.device))
 
-    def _native_batch(self, items: list[ForwardItem]) -> Batch:
-        """Tokens, positions, cache rows, attention segments and logit rows of one forward."""
+    def plan(self, items: list[ForwardItem], upload: HostUpload) -> ForwardPlan:
+        """Place a forward's indices in ``upload``; ``run`` it once the upload is sent."""
+        if self.native is not None:
+            return self._plan_native(items, upload)
+        return self._plan_packed(items, upload)
+
+    @torch.inference_mode()
+    def run(self, plan: ForwardPlan, upload: HostUpload, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of a planned forward. ``input_ids`` replaces the planned token ids: tokens
+        drawn on the device this step (drafts) are fed without a trip to the host."""
+        ids = upload[plan.refs["ids"]] if input_ids is None else input_ids
+        if self.native is None:
+            return self._run_packed(plan, upload, ids)
+        logits = self.native(self._native_batch(plan, upload, ids), self.cache)
+        rows = self.native.head_rows
+        if rows is None:
+            return logits[:, : self.vocab_size]
+        return logits.new_full((logits.shape[0], self.vocab_size), float("-inf")).index_copy_(1, rows, logits)
+
+    def _plan_native(self, items: list[ForwardItem], upload: HostUpload) -> ForwardPlan:
+        """Tokens, positions, cache rows and logit rows; then the attention's layout."""
         max_len = self.cache.max_len
         ids: list[int] = []
         pos: list[int] = []
         write: list[int] = []
         logit_rows: list[int] = []
-        segments: list[Segment] = []
         for it in items:
             n, base, row = len(it.tokens), it.slot * max_len, len(ids)
-            known = n - it.num_drafts
             ids += it.tokens
             pos += range(it.start, it.start + n)
             write += range(base + it.start, base + it.start + n)
             logit_rows += range(row + n - it.num_logits, row + n)
-            mask = None
-            if known > 1:
-                q_pos = torch.arange(it.start, it.start + known, device=self.device)
-                mask = torch.arange(it.start + known, device=self.device)[None, :] <= q_pos[:, None]
-            segments.append(Segment(row, known, base, it.start + known, mask))
-            segments += [Segment(row + known + j, 1, base, it.start + known + j + 1, None) for j in range(it.num_drafts)]
-        t = self._longs
-        return Batch(t(ids), t(pos), t(write), segments, t(logit_rows))
+        refs = {"ids": upload.ints(ids), "pos": upload.ints(pos), "write": upload.ints(write),
+                "logit_rows": upload.ints(logit_rows)}
+        plan = ForwardPlan(refs, len(logit_rows))
+        if self.attention == "packed":
+            self._plan_packed_attention(items, upload, plan)
+        else:
+            plan.segments = self._segments(items)
+        return plan
 
-    def _longs(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+    def _segments(self, items: list[ForwardItem]) -> list[tuple[int, int, int, int]]:
+        """A request's known tokens form one attention segment and every draft one of its own:
+        a draft is scored by exactly the call that would score it if it were decoded alone."""
+        segments, row, max_len = [], 0, self.cache.max_len
+        for it in items:
+            known, base = len(it.tokens) - it.num_drafts, it.slot * max_len
+            segments.append((row, known, base, it.start + known))
+            segments += [(row + known + j, 1, base, it.start + known + j + 1) for j in range(it.num_drafts)]
+            row += len(it.tokens)
+        return segments
 
-    @torch.inference_mode()
-    def _packed_forward(self, items: list[ForwardItem]) -> torch.Tensor:
-        """The generic path: the transformers forward over one packed sequence under a 4-D mask."""
+    def _plan_packed_attention(self, items: list[ForwardItem], upload: HostUpload, plan: ForwardPlan) -> None:
+        """One attention call per layer: every request is a group of up to ``q_max`` rows over
+        up to ``kv_max`` of its own keys, under a causal mask (a draft row at position p sees
+        keys 0..p, as when decoded alone). Padding rows see key 0 and are never read back."""
         max_len = self.cache.max_len
-        tok_ids: list[int] = []
-        tok_pos: list[int] = []
-        tok_seq: list[int] = []
-        tok_index: list[int] = []
-        key_index: list[int] = []
-        key_pos: list[int] = []
-        key_seq: list[int] = []
-        logit_rows: list[int] = []
+        q_max = max(len(it.tokens) for it in items)
+        kv_max = max(it.start + len(it.tokens) for it in items)
+        q_gather: list[int] = []
+        q_pos: list[int] = []
+        k_gather: list[int] = []
+        out_rows: list[int] = []
+        row = 0
+        for g, it in enumerate(items):
+            n, base = len(it.tokens), it.slot * max_len
+            q_gather += [row + min(i, n - 1) for i in range(q_max)]
+            q_pos += [it.start + i if i < n else 0 for i in range(q_max)]
+            k_gather += [base + min(j, max_len - 1) for j in range(kv_max)]
+            out_rows += range(g * q_max, g * q_max + n)
+            row += n
+        plan.refs.update(q_gather=upload.ints(q_gather), q_pos=upload.ints(q_pos),
+                         k_gather=upload.ints(k_gather), out_rows=upload.ints(out_rows))
+        plan.packed_shape = (len(items), q_max, kv_max)
+
+    def _native_batch(self, plan: ForwardPlan, upload: HostUpload, ids: torch.Tensor) -> Batch:
+        r = plan.refs
+        batch = Batch(ids, upload[r["pos"]], upload[r["write"]], upload[r["logit_rows"]])
+        if plan.packed_shape is not None:
+            groups, q_max, kv_max = plan.packed_shape
+            key_pos = torch.arange(kv_max, device=self.device)
+            mask = key_pos[None, None, :] <= upload[r["q_pos"]].view(groups, q_max, 1)
+            batch.packed = PackedAttention(upload[r["q_gather"]], upload[r["k_gather"]], mask[:, None],
+                                           upload[r["out_rows"]], groups, q_max, kv_max)
+        else:
+            batch.segments = [Segment(row, q_len, base, kv_len, self._causal(q_len, kv_len))
+                              for row, q_len, base, kv_len in plan.segments or []]
+        return batch
+
+    def _causal(self, q_len: int, kv_len: int) -> torch.Tensor | None:
+        if q_len == 1:
+            return None
+        q_pos = torch.arange(kv_len - q_len, kv_len, device=self.device)
+        return torch.arange(kv_len, device=self.device)[None, :] <= q_pos[:, None]
+
+    def _plan_packed(self, items: list[ForwardItem], upload: HostUpload) -> ForwardPlan:
+        """The generic path: one packed sequence under a block-causal mask (its indices)."""
+        max_len = self.cache.max_len
+        lists: dict[str, list[int]] = {name: [] for name in
+                                       ("ids", "tok_pos", "tok_seq", "tok_index", "key_index", "key_pos", "key_seq", "logit_rows")}
         for i, it in enumerate(items):
             n, end, base = len(it.tokens), it.start + len(it.tokens), it.slot * max_len
-            offset = len(tok_ids)
-            tok_ids += it.tokens
-            tok_pos += range(it.start, end)
-            tok_seq += [i] * n
-            tok_index += range(base + it.start, base + end)
-            key_index += range(base, base + end)
-            key_pos += range(end)
-            key_seq += [i] * end
-            logit_rows += range(offset + n - it.num_logits, offset + n)
+            offset = len(lists["ids"])
+            lists["ids"] += it.tokens
+            lists["tok_pos"] += range(it.start, end)
+            lists["tok_seq"] += [i] * n
+            lists["tok_index"] += range(base + it.start, base + end)
+            lists["key_index"] += range(base, base + end)
+            lists["key_pos"] += range(end)
+            lists["key_seq"] += [i] * end
+            lists["logit_rows"] += range(offset + n - it.num_logits, offset + n)
+        keys = lists["key_index"]
+        key_range = (keys[0], keys[0] + len(keys)) if len(items) == 1 else None
+        refs = {name: upload.ints(values) for name, values in lists.items()}
+        if len(items) == 1:
+            del refs["tok_seq"], refs["key_seq"]
+        return ForwardPlan(refs, len(lists["logit_rows"]), key_range=key_range)
 
-        t = self._longs
-        tok_pos_t, key_pos_t = t(tok_pos), t(key_pos)
+    def _run_packed(self, plan: ForwardPlan, upload: HostUpload, ids: torch.Tensor) -> torch.Tensor:
+        """The transformers forward over one packed sequence under a 4-D mask."""
+        r = plan.refs
+        tok_pos, key_pos = upload[r["tok_pos"]], upload[r["key_pos"]]
         # A token sees the keys of its own request at positions <= its own.
-        mask = key_pos_t[None, :] <= tok_pos_t[:, None]
-        if len(items) > 1:
-            mask &= t(tok_seq)[:, None] == t(key_seq)[None, :]
-        key_range = (key_index[0], key_index[0] + len(key_index)) if len(items) == 1 else None
-        self.cache.layout = PackedLayout(t(tok_index), t(key_index), key_range)
+        mask = key_pos[None, :] <= tok_pos[:, None]
+        if "tok_seq" in r:
+            mask &= upload[r["tok_seq"]][:, None] == upload[r["key_seq"]][None, :]
+        self.cache.layout = PackedLayout(upload[r["tok_index"]], upload[r["key_index"]], plan.key_range)
         try:
             out = self.body(
-                input_ids=t(tok_ids)[None],
-                position_ids=tok_pos_t[None],
+                input_ids=ids[None],
+                position_ids=tok_pos[None],
                 attention_mask=mask[None, None],
                 past_key_values=self.cache,
                 use_cache=True,
             )
         finally:
             self.cache.layout = None
-        hidden = out.last_hidden_state[0, t(logit_rows)]
+        hidden = out.last_hidden_state[0].index_select(0, upload[r["logit_rows"]])
         logits = self.lm_head(hidden).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap

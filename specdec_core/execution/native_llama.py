@@ -8,15 +8,11 @@ Python overhead. Here:
 - projections are fused (QKV, gate+up) and prepared once for the device and mode
   (``linear_kernels``), so a row's result does not depend on the other rows of the call;
 - RoPE comes from a table indexed by position, norms and activations are row-wise;
-- attention is one call per *attention segment*: the known tokens a request feeds in a step (its
-  prompt chunk, or its last token) form one segment, and every draft token is a segment of its
-  own, each reading exactly its request's keys ``[0, position]``. A segment's shapes depend only
-  on its own request, never on the batch; and a draft token is scored by exactly the call that
-  would score it if it were decoded alone later, so verifying k drafts gives the logits that k
-  plain decode steps would give, bit for bit.
+- attention reads each request's own keys only (``attention``): one call per segment on the CPU,
+  where that keeps every row bit-identical alone and batched and a verified draft equal to the
+  same token decoded alone; one call per layer for the whole forward on CUDA.
 
-K/V are written in place into the request's slot of ``SlotKVCache``; there is no mask tensor for
-decode rows and no gather of other requests' keys.
+K/V are written in place into the request's slot of ``SlotKVCache``.
 """
 
 from __future__ import annotations
@@ -26,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec_core.execution.attention import PackedAttention, Segment, attend_packed, attend_segments
 from specdec_core.execution.gguf_weights import block_linear
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.kv_cache import SlotKVCache
@@ -48,26 +45,16 @@ def supports_native(model: HFModule, max_len: int) -> bool:
 
 
 @dataclass
-class Segment:
-    """One attention call: ``q_len`` packed rows from ``row``, at positions
-    ``kv_len - q_len .. kv_len - 1`` of the slot whose flat cache offset is ``base``."""
-
-    row: int
-    q_len: int
-    base: int
-    kv_len: int
-    mask: torch.Tensor | None  # causal mask [q_len, kv_len] for multi-row segments
-
-
-@dataclass
 class Batch:
-    """A packed ragged batch, built once per forward by the runner."""
+    """A packed ragged batch, built once per forward by the runner; attention takes one of the
+    two layouts of ``attention``."""
 
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     write_index: torch.Tensor  # [T] flat cache rows (slot * max_len + position)
-    segments: list[Segment]
     logit_rows: torch.Tensor  # rows whose logits are returned
+    segments: list[Segment] | None = None
+    packed: PackedAttention | None = None
 
 
 class RMSNorm(torch.nn.Module):
@@ -120,14 +107,11 @@ class DecoderLayer(torch.nn.Module):
         v = v.view(tokens, kv_heads, head_dim).transpose(0, 1)
         keys.index_copy_(1, batch.write_index, k.to(keys.dtype))
         values.index_copy_(1, batch.write_index, v.to(values.dtype))
-        out = x.new_empty(tokens, heads, head_dim)
-        for s in batch.segments:
-            kv = slice(s.base, s.base + s.kv_len)
-            o = F.scaled_dot_product_attention(
-                q[None, :, s.row:s.row + s.q_len], keys[None, :, kv], values[None, :, kv],
-                attn_mask=s.mask, enable_gqa=heads != kv_heads)
-            out[s.row:s.row + s.q_len] = o[0].transpose(0, 1)
-        x = x + self.o(out.view(tokens, heads * head_dim))
+        if batch.packed is not None:
+            out = attend_packed(q, keys, values, batch.packed)
+        else:
+            out = attend_segments(q, keys, values, batch.segments or [])
+        x = x + self.o(out.reshape(tokens, heads * head_dim))
         gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 
@@ -167,7 +151,7 @@ class NativeLlama(torch.nn.Module):
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
         for i, layer in enumerate(self.layers):
             x = layer(x, batch, cos, sin, cache.keys[i], cache.values[i])
-        return self.lm_head(self.norm(x[batch.logit_rows])).float()
+        return self.lm_head(self.norm(x.index_select(0, batch.logit_rows))).float()
 
 
 def _fused(linears: list[HFModule], quantize: Quantize) -> PreparedLinear:

@@ -1,11 +1,14 @@
 """Lossless verification of draft tokens (Leviathan et al. 2023; Chen et al. 2023), vectorised
-over every request of a step.
+over every request of a step, on the device.
 
 For request b with drafts x_1..x_k, draft distributions q_1..q_k and target distributions
 p_1..p_{k+1} (all warped identically): accept x_j with probability min(1, p_j(x_j) / q_j(x_j)) until
 the first rejection; there, sample from norm(max(0, p_j - q_j)); if all k are accepted, sample the
 bonus token from p_{k+1}. The emitted tokens are then distributed exactly as the target's own
 samples. With greedy (one-hot) p and q this is "accept while equal to the argmax".
+
+Everything here is a fixed number of tensor ops whatever the batch; the engine reads the outcome
+(drafts, accepted counts, final tokens) to the host in one transfer.
 """
 
 from __future__ import annotations
@@ -14,16 +17,16 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_core.decoding.sampling import sample, warp
-from specdec_core.engine.request import Request
+from specdec_core.decoding.sampling import TablePlan, apply, sample
+from specdec_core.execution.host_upload import HostUpload, Ref
 
 
 @dataclass
 class VerifyResult:
     """``num_accepted[b]`` drafts accepted, then ``final_token[b]`` (replacement or bonus)."""
 
-    num_accepted: list[int]
-    final_token: list[int]
+    num_accepted: torch.Tensor | list[int]
+    final_token: torch.Tensor | list[int]
 
 
 def verify(
@@ -38,7 +41,7 @@ def verify(
 
     p: ``[B, K+1, V]`` target probabilities; q: ``[B, K, V]`` draft probabilities; drafts:
     ``[B, K]`` token ids; num_drafts: ``[B]`` (rows j >= num_drafts[b] are padding);
-    u_accept: ``[B, K]`` and u_final: ``[B]`` uniforms from each request's generator.
+    u_accept: ``[B, K]`` and u_final: ``[B]`` uniforms from each request's own stream.
     """
     bsz, k_max1, vocab = p.shape
     k_max = k_max1 - 1
@@ -61,60 +64,60 @@ def verify(
     mass = residual.sum(dim=1, keepdim=True)
     # Float round-off can leave no residual mass where p == q; then p itself is the right law.
     residual = torch.where(mass > 0, residual, p_at)
-    final = sample(residual, u_final)
-    return VerifyResult(num_accepted.tolist(), final.tolist())
+    return VerifyResult(num_accepted, sample(residual, u_final))
 
 
-def verify_greedy(argmax: torch.Tensor, drafts: list[list[int]]) -> VerifyResult:
+def verify_greedy(target: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor) -> VerifyResult:
     """The temperature-0 limit of ``verify`` without building distributions: accept while a draft
-    equals the target's argmax, then emit the argmax. ``argmax`` holds each request's rows
-    (``len(drafts[b]) + 1`` of them) back to back."""
-    bsz = len(drafts)
-    k_max = max((len(d) for d in drafts), default=0)
-    lengths = torch.tensor([len(d) + 1 for d in drafts], device=argmax.device)
-    starts = torch.cumsum(lengths, 0) - lengths
-    cols = torch.arange(k_max + 1, device=argmax.device)
-    # Row index of (b, j), clamped into the request's own rows for the padding columns.
-    idx = starts[:, None] + torch.minimum(cols[None, :], lengths[:, None] - 1)
-    target = argmax[idx]
-    tok = torch.full((bsz, k_max), -1, dtype=torch.long, device=argmax.device)
-    for b, d in enumerate(drafts):
-        if d:
-            tok[b, : len(d)] = torch.tensor(d, device=argmax.device)
-    num_accepted = (tok == target[:, :k_max]).long().cumprod(dim=1).sum(dim=1)
-    final = target.gather(1, num_accepted[:, None]).squeeze(1)
-    return VerifyResult(num_accepted.tolist(), final.tolist())
+    equals the target's argmax, then emit the argmax. ``target`` ``[B, K+1]`` holds each
+    request's argmax per row; ``drafts`` ``[B, K]``; ``num_drafts`` ``[B]``."""
+    k_max = drafts.shape[1]
+    valid = torch.arange(k_max, device=drafts.device)[None, :] < num_drafts[:, None]
+    num_accepted = ((drafts == target[:, :k_max]) & valid).long().cumprod(dim=1).sum(dim=1)
+    return VerifyResult(num_accepted, target.gather(1, num_accepted[:, None]).squeeze(1))
 
 
-def verify_requests(reqs: list[Request], drafts: list[list[int]], draft_probs: torch.Tensor | None,
-                    logits: torch.Tensor) -> VerifyResult:
-    """Verify every request of a step: ``logits`` holds each request's ``len(drafts[b]) + 1``
-    rows back to back; ``draft_probs`` ``[B, K, V]`` the draft distributions (None: all one-hot).
-    p and q are warped by the same per-request rule (``Request.row_params``)."""
-    dev = logits.device
-    k_max = max(len(d) for d in drafts)
-    rows = [r.row_params(d[:j]) for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
-    probs = warp(logits, rows)
-    if all(r.params.greedy for r in reqs):
-        return verify_greedy(probs.argmax(dim=-1), drafts)
-    bsz, vocab = len(reqs), probs.shape[1]
-    p = probs.new_zeros(bsz, k_max + 1, vocab)
-    q = probs.new_zeros(bsz, k_max, vocab)
-    tok = torch.zeros(bsz, k_max, dtype=torch.long, device=dev)
-    u = torch.zeros(bsz, k_max + 1, device=dev)
-    row = 0
-    for b, (r, d) in enumerate(zip(reqs, drafts)):
-        n = len(d)
-        p[b, : n + 1] = probs[row:row + n + 1]
-        row += n + 1
-        if n:
-            tok[b, :n] = torch.tensor(d, device=dev)
-            if draft_probs is not None:
-                q[b, :n] = draft_probs[b, :n]
-            else:
-                q[b, torch.arange(n), tok[b, :n]] = 1.0
-        # Exactly n + 1 draws from the request's own generator: reproducible whatever the batch.
-        u[b, : n + 1] = torch.rand(n + 1, generator=r.generator).to(dev)
-    num = torch.tensor([len(d) for d in drafts], device=dev)
-    u_final = u.gather(1, num[:, None]).squeeze(1)
-    return verify(p, q, tok, num, u[:, :k_max], u_final)
+@dataclass
+class VerifyPlan:
+    """The host half of a step's verification, in the step's upload: for each item b its logits
+    rows ``rows[b, j]`` (j <= num_drafts[b], clamped into its own rows), whether its q is one-hot
+    (n-gram drafts, or none), and the target rows' warping rules in logits order."""
+
+    rows: Ref
+    num_drafts: Ref
+    one_hot: Ref
+    table: TablePlan
+    k_max: int
+
+    @classmethod
+    def of(cls, num_rows: list[int], num_drafts: list[int], one_hot: list[bool], table: TablePlan,
+           k_max: int, upload: HostUpload) -> "VerifyPlan":
+        """``num_rows[b]``: item b's logits rows (0: it is still in prefill and verifies nothing)."""
+        rows, start = [], 0
+        for n in num_rows:
+            rows += [start + min(j, max(n - 1, 0)) for j in range(k_max + 1)]
+            start += n
+        return cls(upload.ints(rows), upload.ints(num_drafts), upload.ints(int(x) for x in one_hot), table, k_max)
+
+
+def verify_step(logits: torch.Tensor, plan: VerifyPlan, upload: HostUpload, drafts: torch.Tensor,
+                draft_probs: torch.Tensor | None, u: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
+    """Warp the target rows, verify every item, and pack ``[B, K+2]``: its drafts, how many were
+    accepted, the token that follows them. ``u`` ``[B, K+1]``: each item's uniforms; ``masks``:
+    grammar masks of the target rows (None without grammars)."""
+    table = plan.table.table(upload)
+    table.allowed = masks
+    bsz, k_max = drafts.shape
+    rows, num = upload[plan.rows].view(bsz, k_max + 1), upload[plan.num_drafts]
+    probs = apply(logits, table, drafts)
+    if table.all_greedy:
+        result = verify_greedy(probs.argmax(dim=-1)[rows], drafts, num)
+    else:
+        p = probs.index_select(0, rows.reshape(-1)).view(bsz, k_max + 1, -1)
+        q = torch.zeros_like(p[:, :k_max]).scatter_(2, drafts[:, :, None], 1.0)
+        if draft_probs is not None:
+            q = torch.where(upload[plan.one_hot].bool()[:, None, None], q, draft_probs)
+        result = verify(p, q, drafts, num, u[:, :k_max], u.gather(1, num[:, None]).squeeze(1))
+    accepted = torch.as_tensor(result.num_accepted, device=drafts.device)
+    final = torch.as_tensor(result.final_token, device=drafts.device)
+    return torch.cat([drafts, accepted[:, None], final[:, None]], dim=1)

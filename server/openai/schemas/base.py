@@ -20,6 +20,7 @@ and ``response_format`` on completions too.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -104,3 +105,30 @@ NonEmptyList = Annotated[list[T], Field(min_length=1)]
 TokenIds = NonEmptyList[TokenId]
 
 
+# OpenAI's caps on a structured-output schema: a schema past them is a 400 before any compile.
+MAX_SCHEMA_PROPERTIES, MAX_SCHEMA_ENUM_VALUES, MAX_SCHEMA_CHARS = 5_000, 1_000, 120_000
+
+
+def schema_within_caps(schema: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's caps, on ``response_format`` schemas and on each tool's ``parameters`` alike. Counted
+    without recursion (a schema may nest deeply); a 7 MB schema with 100k ``$defs`` stalled the
+    server for over a minute while it compiled."""
+    if len(json.dumps(schema, ensure_ascii=False)) > MAX_SCHEMA_CHARS:
+        raise invalid("is longer than {limit} characters.", limit=MAX_SCHEMA_CHARS)
+    properties = enums = 0
+    todo: list[Any] = [schema]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("properties"), dict):
+                properties += len(item["properties"])
+            if isinstance(item.get("enum"), list):
+                enums += len(item["enum"])
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+    if properties > MAX_SCHEMA_PROPERTIES:
+        raise invalid("has {count} properties; at most {limit} are allowed.", count=properties, limit=MAX_SCHEMA_PROPERTIES)
+    if enums > MAX_SCHEMA_ENUM_VALUES:
+        raise invalid("has {count} enum values; at most {limit} are allowed.", count=enums, limit=MAX_SCHEMA_ENUM_VALUES)
+    return schema

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, PlainValidator, ValidationInfo, field_validator, model_validator
@@ -21,6 +20,7 @@ from server.openai.schemas.base import (
     TokenId,
     TokenIds,
     invalid,
+    schema_within_caps,
 )
 from specdec_core.decoding.sampling_params import SamplingParams, outside_vocab
 from specdec_core.decoding.structured_output import StructuredOutput
@@ -90,41 +90,13 @@ class StreamOptions(Schema):
     include_usage: bool = Field(False, description="Send a last chunk with the usage of the whole request.")
 
 
-# OpenAI's caps on a structured-output schema: a schema past them is a 400 before any compile.
-MAX_SCHEMA_PROPERTIES, MAX_SCHEMA_ENUM_VALUES, MAX_SCHEMA_CHARS = 5_000, 1_000, 120_000
-
-
-def _schema_within_caps(schema: dict[str, Any]) -> dict[str, Any]:
-    """Counted without recursion (a schema may nest deeply); a 7 MB schema with 100k ``$defs``
-    stalled the server for over a minute while it compiled."""
-    if len(json.dumps(schema, ensure_ascii=False)) > MAX_SCHEMA_CHARS:
-        raise invalid("is longer than {limit} characters.", limit=MAX_SCHEMA_CHARS)
-    properties = enums = 0
-    todo: list[Any] = [schema]
-    while todo:
-        item = todo.pop()
-        if isinstance(item, dict):
-            if isinstance(item.get("properties"), dict):
-                properties += len(item["properties"])
-            if isinstance(item.get("enum"), list):
-                enums += len(item["enum"])
-            todo.extend(item.values())
-        elif isinstance(item, list):
-            todo.extend(item)
-    if properties > MAX_SCHEMA_PROPERTIES:
-        raise invalid("has {count} properties; at most {limit} are allowed.", count=properties, limit=MAX_SCHEMA_PROPERTIES)
-    if enums > MAX_SCHEMA_ENUM_VALUES:
-        raise invalid("has {count} enum values; at most {limit} are allowed.", count=enums, limit=MAX_SCHEMA_ENUM_VALUES)
-    return schema
-
-
 class JsonSchemaFormat(Schema):
     """OpenAI's ``response_format.json_schema``: a named JSON schema the output must match."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
     # "schema" would shadow a pydantic BaseModel attribute: stored as json_schema, sent as "schema".
-    json_schema: Annotated[dict[str, Any], AfterValidator(_schema_within_caps)] = Field(alias="schema")
+    json_schema: Annotated[dict[str, Any], AfterValidator(schema_within_caps)] = Field(alias="schema")
     # Output is always constrained to the schema; strict only says the client expects it to be.
     strict: bool | None = None
 

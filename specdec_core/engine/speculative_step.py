@@ -1,0 +1,219 @@
+"""Propose, score and verify one step on the device: one upload, one read.
+
+The host plans the whole step first: n-gram lookups, every draft and target forward's indices,
+every logits row's warping rule and every request's uniforms go into one ``HostUpload``. Then the
+device runs it: the draft model draws its drafts position after position into a ``[B, K]``
+tensor, the target scores every request's last token and drafts in one forward (the drafts fed
+from that tensor), and verification accepts and samples for all requests at once. The outcome,
+``[B, K+2]`` (drafts, accepted count, next token), comes back in one read, which is all the
+commit needs. The phases are timed for the cost model (CUDA events on a GPU, read after that
+one read). Nothing here moves request state: a step that fails leaves nothing to undo.
+
+Host round trips per step: two (the upload and the read), plus one per draft position and one
+before verification for requests with a grammar (their masks depend on the drafts), plus one
+for requests that ask for log-probabilities.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specdec_core.decoding.sampling import RowParams, TablePlan, stack_masks
+from specdec_core.engine.step_plan import ScheduledRequest
+from specdec_core.execution.host_upload import HostUpload, Ref
+from specdec_core.execution.model_runner import ForwardItem, ForwardPlan, ModelRunner
+from specdec_core.speculation import verifier
+from specdec_core.speculation.draft_model import DraftModelProposer, DraftPlan
+from specdec_core.speculation.ngram import NgramProposer
+
+
+@dataclass
+class StepOutcome:
+    """What the commit reads: per item its drafts, how many were accepted and the next token
+    (``None`` for an item still in prefill), the target logits and where each item's rows start,
+    and the draft cache lengths after the step."""
+
+    drafts: list[list[int]]
+    accepted: list[int | None]
+    final: list[int | None]
+    logits: torch.Tensor
+    row_start: list[int]
+    draft_cached: list[int | None]
+    draft_seconds: float = 0.0  # the draft model's forwards and draws
+    target_seconds: float = 0.0  # the target forward
+
+
+class _Clock:
+    """Marks between the step's phases. On CUDA the host runs ahead of the device, so wall-clock
+    marks would time the launches: there the marks are CUDA events, read after the step's one
+    read has synchronised (no extra stall)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list = []  # type: ignore[type-arg]
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self, i: int) -> float:
+        """Seconds between mark i and mark i + 1."""
+        a, b = self.marks[i], self.marks[i + 1]
+        return a.elapsed_time(b) / 1000 if self.cuda else b - a
+
+
+@dataclass
+class _Plan:
+    """The host half of a step: its shape and where everything sits in the upload."""
+
+    looked_up: dict[int, list[int]]  # item -> n-gram drafts
+    drawn: list[int]  # item -> drafts the draft model draws
+    num: list[int]  # item -> drafts verified
+    verifying: list[bool]  # item -> it completes its known tokens this step (logits wanted)
+    k_max: int
+    drafts: Ref  # [B, K] n-gram drafts, zeros where the draft model will draw
+    u_draft: Ref  # [B, K]
+    u_verify: Ref  # [B, K+1]
+    target: ForwardPlan
+    fill: tuple[Ref, Ref] | None  # target rows fed by drawn drafts, and their flat index in the drafts
+    row_start: list[int]  # item -> its first logits row
+    draft: DraftPlan | None = None
+    verify: verifier.VerifyPlan | None = None
+
+
+class SpeculativeStep:
+    """Runs the propose -> forward -> verify part of a step for the planned items."""
+
+    def __init__(self, target: ModelRunner, drafter: DraftModelProposer | None, ngram: NgramProposer | None) -> None:
+        self.target, self.drafter, self.ngram = target, drafter, ngram
+
+    def run(self, items: list[ScheduledRequest]) -> StepOutcome:
+        upload = HostUpload()
+        plan = self._plan(items, upload)
+        upload.send(self.target.device)
+        bsz, k_max = len(items), plan.k_max
+        drafts = upload[plan.drafts].view(bsz, k_max).clone()
+        clock = _Clock(drafts.device)
+        clock.mark()
+        q = None
+        if plan.draft is not None and self.drafter is not None:
+            q = self.drafter.run(plan.draft, items, upload, drafts, upload[plan.u_draft].view(bsz, k_max))
+        clock.mark()
+        ids = upload[plan.target.refs["ids"]]
+        if plan.fill is not None:
+            ids = ids.index_copy(0, upload[plan.fill[0]], drafts.view(-1).index_select(0, upload[plan.fill[1]]))
+        logits = self.target.run(plan.target, upload, input_ids=ids)
+        clock.mark()
+        cached: list[int | None] = plan.draft.cached if plan.draft is not None else [None] * bsz
+        if plan.verify is None:
+            if clock.cuda:
+                torch.cuda.synchronize()
+            return StepOutcome([[] for _ in items], [None] * bsz, [None] * bsz, logits, plan.row_start, cached,
+                               clock.seconds(0), clock.seconds(1))
+        masks = self._grammar_masks(items, plan, drafts, q)
+        packed = verifier.verify_step(logits, plan.verify, upload, drafts, q,
+                                      upload[plan.u_verify].view(bsz, k_max + 1), masks)
+        values = packed.tolist()  # the step's one read
+        return StepOutcome(
+            [v[:plan.num[b]] for b, v in enumerate(values)],
+            [v[k_max] if plan.verifying[b] else None for b, v in enumerate(values)],
+            [v[k_max + 1] if plan.verifying[b] else None for b, v in enumerate(values)],
+            logits, plan.row_start, cached, clock.seconds(0), clock.seconds(1))
+
+    def _plan(self, items: list[ScheduledRequest], upload: HostUpload) -> _Plan:
+        """n-gram lookups, how many drafts each item verifies, and everything the device needs."""
+        looked_up = {b: self.ngram.lookup(it.request, it.num_drafts) for b, it in enumerate(items)
+                     if self.ngram is not None and it.source == "ngram" and it.num_drafts}
+        drafter = self.drafter if self.drafter is not None and self.drafter.wanted(items) else None
+        drawn = [drafter.drafts(it) if drafter is not None else 0 for it in items]
+        num = [len(looked_up[b]) if b in looked_up else drawn[b] for b in range(len(items))]
+        k_max = max(num, default=0)
+        verifying = [it.completes for it in items]
+        draft_ref = upload.ints(t for b in range(len(items)) for t in (looked_up.get(b, []) + [0] * k_max)[:k_max])
+        u_draft, u_verify = self._uniforms(items, drawn, num, k_max, upload)
+        draft_plan = drafter.plan(items, k_max, upload) if drafter is not None else None
+        forward: list[ForwardItem] = []
+        fill_rows: list[int] = []
+        fill_src: list[int] = []
+        row_start: list[int] = []
+        row = logits_row = 0
+        for b, it in enumerate(items):
+            r = it.request
+            known = r.all_ids[r.num_computed:r.num_computed + it.num_new]
+            fill_rows += range(row + len(known), row + len(known) + drawn[b])
+            fill_src += range(b * k_max, b * k_max + drawn[b])
+            forward.append(ForwardItem(r.cache_slot, r.num_computed, known + looked_up.get(b, [0] * drawn[b]),
+                                       1 + num[b] if verifying[b] else 0, num_drafts=num[b]))
+            row += len(known) + num[b]
+            row_start.append(logits_row)
+            logits_row += 1 + num[b] if verifying[b] else 0
+        target = self.target.plan(forward, upload)
+        fill = (upload.ints(fill_rows), upload.ints(fill_src)) if fill_rows else None
+        plan = _Plan(looked_up, drawn, num, verifying, k_max, draft_ref, u_draft, u_verify, target, fill, row_start,
+                     draft_plan)
+        if any(verifying):
+            plan.verify = self._plan_verification(items, plan, upload)
+        return plan
+
+    @staticmethod
+    def _uniforms(items: list[ScheduledRequest], drawn: list[int], num: list[int], k_max: int,
+                  upload: HostUpload) -> tuple[Ref, Ref]:
+        """Each sampled request's draws for this step from its own stream, in a fixed order (its
+        draft positions, then its verification): the count depends only on its own plan."""
+        draft_u: list[float] = []
+        verify_u: list[float] = []
+        for b, it in enumerate(items):
+            r = it.request
+            d = r.draws(drawn[b]) if not r.params.greedy else [0.0] * drawn[b]
+            v = r.draws(num[b] + 1) if it.completes and not r.params.greedy else [0.0] * (num[b] + 1)
+            draft_u += d + [0.0] * (k_max - drawn[b])
+            verify_u += v + [0.0] * (k_max - num[b])
+        return upload.floats(draft_u), upload.floats(verify_u)
+
+    def _plan_verification(self, items: list[ScheduledRequest], plan: _Plan, upload: HostUpload) -> verifier.VerifyPlan:
+        rows: list[RowParams] = []
+        history: list[tuple[int, int]] = []
+        for b, it in enumerate(items):
+            if not plan.verifying[b]:
+                continue
+            for j in range(plan.num[b] + 1):
+                history += [(len(rows), b * plan.k_max + i) for i in range(j)]
+                rows.append(it.request.row_params(j))
+        table = TablePlan.of(rows, self.target.vocab_size, upload, history)
+        return verifier.VerifyPlan.of([1 + n if v else 0 for n, v in zip(plan.num, plan.verifying)], plan.num,
+                                      [d == 0 for d in plan.drawn], table, plan.k_max, upload)
+
+    def _grammar_masks(self, items: list[ScheduledRequest], plan: _Plan, drafts: torch.Tensor,
+                       q: torch.Tensor | None) -> torch.Tensor | None:
+        """The target rows' grammar masks; drafts the model drew for a grammar request are read
+        to the host for them (one round trip). Rows after a draft drawn from an empty q (the
+        grammar left the draft head nothing) are never used: verification rejects that draft."""
+        num, verifying, looked_up = plan.num, plan.verifying, plan.looked_up
+        grammar = [b for b, it in enumerate(items) if verifying[b] and it.request.grammar is not None]
+        if not grammar:
+            return None
+        need_read = any(b not in looked_up and num[b] for b in grammar)
+        known = drafts.tolist() if need_read else None
+        alive = (q.sum(dim=-1) > 0).tolist() if need_read and q is not None else None
+        vocab = self.target.vocab_size
+        masks: list[torch.Tensor | None] = []
+        for b, it in enumerate(items):
+            if not verifying[b]:
+                continue
+            r = it.request
+            tokens = looked_up.get(b) or (known[b][:num[b]] if known is not None else [])
+            for j in range(num[b] + 1):
+                if r.grammar is None:
+                    masks.append(None)
+                elif b in looked_up or alive is None or all(alive[b][:j]):
+                    masks.append(r.grammar_mask(tokens[:j]))
+                else:
+                    masks.append(torch.zeros(vocab, dtype=torch.bool))
+        return stack_masks(masks, vocab, drafts.device)

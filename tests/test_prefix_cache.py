@@ -1,0 +1,119 @@
+"""Prefix caching: a prompt that starts with an earlier prompt's full prefill chunks reuses their
+keys and values (the slot that holds them, or a copy), and gets exactly the output a recompute
+gives: token for token greedy and seeded-sampled, in fp32 and int8, with and without drafts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from conftest import load
+
+from specdec_core import Engine, EngineConfig, SamplingParams
+from specdec_core.engine.prefix_cache import PrefixCache
+
+CHUNK = 8
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_target, tiny_draft):
+    return load(tiny_target), load(tiny_draft, role="draft")
+
+
+def engine(pair, caching: bool, quantize: str = "int8", **kw) -> Engine:
+    config = EngineConfig(speculative_method="draft", max_num_seqs=3, max_model_len=128, prefill_chunk_size=CHUNK,
+                          num_speculative_tokens=3, adaptive_speculation=False, seed=0, quantize=quantize,
+                          enable_prefix_caching=caching, **kw)
+    return Engine.from_loaded(config, pair[0], pair[1])
+
+
+def prompts(seed: int) -> tuple[list[int], list[int]]:
+    """A 30-token prompt and a second one sharing its first 27 tokens (3 full chunks of 8)."""
+    rng = random.Random(seed)
+    first = [rng.randrange(3, 40000) for _ in range(30)]
+    return first, first[:27] + [rng.randrange(3, 40000) for _ in range(12)]
+
+
+def run_one(eng: Engine, prompt: list[int], params: SamplingParams):
+    req = eng.make_request(prompt, params)
+    eng.add_request(req)
+    while eng.has_unfinished():
+        eng.step()
+    return req
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+@pytest.mark.parametrize("params", [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+                                    SamplingParams(max_tokens=12, temperature=1.0, seed=7, ignore_eos=True)],
+                         ids=["greedy", "seeded"])
+def test_a_repeated_prefix_is_reused_and_the_output_is_a_recompute(pair, quantize, params):
+    first, second = prompts(1)
+    cold = engine(pair, caching=False, quantize=quantize)
+    want = run_one(cold, second, params).output_ids
+    warm = engine(pair, caching=True, quantize=quantize)
+    run_one(warm, first, params)
+    got = run_one(warm, second, params)
+    assert got.stats.cached_tokens == 3 * CHUNK and warm.metrics.prefix_cache_hit_tokens == 3 * CHUNK
+    assert got.output_ids == want
+
+
+def test_a_prefix_held_by_a_running_request_is_copied(pair):
+    """Both prompts run at once: the second finds the first's chunks in a busy slot and copies them."""
+    first, second = prompts(2)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    cold = engine(pair, caching=False)
+    want = run_one(cold, second, params).output_ids
+    warm = engine(pair, caching=True)
+    a = warm.make_request(first, params)
+    warm.add_request(a)
+    while a.num_computed < len(first):  # the first prompt is prefilled, its request still running
+        warm.step()
+    b = warm.make_request(second, params)
+    warm.add_request(b)
+    while warm.has_unfinished():
+        warm.step()
+    assert b.stats.cached_tokens == 3 * CHUNK and b.slot is None and a.slot is None
+    assert b.output_ids == want
+
+
+def test_only_full_prompt_chunks_are_shared():
+    cache = PrefixCache(4)
+    prompt = list(range(100, 111))  # 11 tokens: 2 full chunks
+    cache.record(0, prompt, computed=11)
+    assert cache.lookup(prompt + [1, 2], prefer={0}).length == 8
+    assert cache.lookup(prompt[:9], prefer=set()).length == 8  # a copy: slot 0 is not free
+    assert cache.lookup(prompt[:8], prefer={0}).length == 4  # one token must be left to compute
+    assert cache.lookup([7] + prompt[1:], prefer={0}) is None  # a different first chunk
+    cache.keep_only(0, 4)
+    assert cache.lookup(prompt, prefer={0}).length == 4
+    cache.keep_only(0, 0)
+    assert cache.lookup(prompt, prefer={0}) is None
+
+
+@pytest.fixture(scope="module")
+def small_chunks(tiny_target, tiny_draft, tmp_path_factory):
+    from server_helpers import ServerProcess, serving, tiny_args
+
+    with serving(ServerProcess([*tiny_args(tiny_target, tiny_draft), "--prefill-chunk-size", "16"],
+                               tmp_path_factory.mktemp("prefix") / "server.log")) as srv:
+        yield srv
+
+
+def test_usage_reports_the_cached_prompt_tokens_as_openai_does(small_chunks):
+    """A chat that resends its history: the second turn's usage says how much of the prompt the
+    cache served (``prompt_tokens_details.cached_tokens``), and the answer is the uncached one."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=small_chunks.url + "/v1", api_key="unused")
+    system = {"role": "system", "content": "You review Python code for bugs. " * 12}
+    turn = [system, {"role": "user", "content": "def add(a, b): return a - b"}]
+    first = client.chat.completions.create(model="tiny", messages=turn, max_tokens=8, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    again = client.chat.completions.create(model="tiny", messages=turn, max_tokens=8, temperature=0)
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached % 16 == 0 and again.usage.prompt_tokens - 16 <= cached < again.usage.prompt_tokens
+    assert again.choices[0].message.content == first.choices[0].message.content
+    longer = turn + [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "And def mul(a, b): return a + b"}]
+    follow = client.chat.completions.create(model="tiny", messages=longer, max_tokens=8, temperature=0)
+    assert follow.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 16
