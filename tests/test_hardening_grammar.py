@@ -182,3 +182,12 @@ def test_health_answers_within_100_ms_while_seconds_of_grammars_compile(tiny_ser
     assert statuses == [200] * 50, statuses
     assert poller.statuses and set(poller.statuses) == {200}, set(poller.statuses)
     assert poller.worst_ms < 100, poller.worst_ms
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "loop"}}])
+def test_a_forced_tool_call_no_finite_json_matches_is_a_400(tiny_server: ServerProcess, choice: Any) -> None:
+    """A forced call under parameters no finite JSON matches would be decoded until max_tokens."""
+    tools = [{"type": "function", "function": {"name": "loop", "parameters": UNSATISFIABLE[0]}}]
+    body = {"model": "tiny", "max_tokens": 8, "messages": USER, "tools": tools, "tool_choice": choice}
+    err = error_of(httpx.post(tiny_server.url + CHAT, json=body, timeout=WAIT_S), 400, "invalid_value")
+    assert err["param"] == "tool_choice" and "no finite JSON value" in err["message"], err

@@ -15,6 +15,7 @@ from starlette.responses import Response
 from server.generation.prompts import render_chat, resolve_max_tokens, template_messages
 from server.generation.response import generate
 from server.generation.submission import Job
+from server.http.errors import invalid_request
 from server.openai.bodies import TokenText
 from server.openai.renderers import ChatRenderer
 from server.openai.schemas.chat import ChatCompletionRequest
@@ -42,7 +43,10 @@ async def create_chat_completion(request: Request) -> Response:
     req.check_engine_limits(engine.vocab_size, budget)
     structured, param = req.structured_output, "response_format"
     if tool_use.forced:  # "required" or a named function: decode under the call grammar
-        structured, param = tool_use.constraint(), "tool_choice"
+        try:
+            structured, param = tool_use.constraint(), "tool_choice"
+        except ValueError as exc:
+            raise invalid_request(f"'tool_choice' {exc}", "tool_choice", code="invalid_value") from None
     await check_structured(state, engine, structured, param)
     jobs = [Job(i, prompt_ids, req.to_sampling_params(budget, i, structured), counts_prompt=i == 0,
                 end_check=tool_use.end_check() if tool_use.offered else None) for i in range(req.n)]

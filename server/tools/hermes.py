@@ -21,6 +21,7 @@ import json
 from typing import Any
 
 from server.tools.hermes_parser import CLOSE, OPEN, ToolCallParser
+from specdec_core.decoding.finite_schema import has_finite_value
 from specdec_core.decoding.structured_output import StructuredOutput
 
 
@@ -31,6 +32,10 @@ def call_grammar(tools: list[dict[str, Any]], names: list[str], parallel: bool, 
     ``<tool_call>`` / ``</tool_call>`` as single tokens (Qwen2.5); they are then named as tokens, so
     the model writes them as it was trained to, not spelled out byte by byte."""
     by_name = {t["name"]: t for t in tools}
+    for name in names:  # a call the model could never finish would be decoded until max_tokens
+        if not has_finite_value(by_name[name].get("parameters") or {"type": "object"}):
+            raise ValueError(f"forces a call of {name!r}, whose parameters no finite JSON value matches: a required "
+                             "property or item refers back to its own schema with no way to end")
     variants = [{
         "type": "object",
         "properties": {"name": {"const": name}, "arguments": by_name[name].get("parameters") or {"type": "object"}},
