@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -302,12 +301,12 @@ class FakeEngine:
             if s.request_id == request_id:
                 s.abort()
 
-    def metrics(self) -> SimpleNamespace:
-        return SimpleNamespace(
-            num_running=len(self.live), num_waiting=0, kv_cache_usage=0.0, total_prompt_tokens=0,
-            total_generation_tokens=0, total_draft_tokens=0, total_accepted_tokens=0, total_steps=0,
-            accepted_histogram=[],
-        )
+    def metrics(self) -> Any:
+        """The engine's own counters (all zero) with this fake's running count: a new counter
+        in ``EngineMetrics`` reaches the fake without editing it."""
+        from specdec_core.engine.stats import EngineMetrics
+
+        return EngineMetrics(num_running=len(self.live))
 
     def shutdown(self) -> None:
         self.shut_down = True
