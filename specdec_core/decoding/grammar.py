@@ -151,6 +151,11 @@ class GrammarState:
         self._shifts = torch.arange(32, dtype=torch.int32)
 
     @property
+    def vocab_size(self) -> int:
+        """The length of the masks it hands out."""
+        return self._vocab
+
+    @property
     def finished(self) -> bool:
         """The committed text is complete: the grammar allows nothing but the end."""
         return self._committed.is_stopped()

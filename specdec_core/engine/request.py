@@ -85,6 +85,17 @@ class Request:
         banned = self.min_tokens_ban if len(self.output_ids) + num_drafts < p.min_tokens and self.grammar is None else []
         return RowParams(p, history, banned)
 
+    def row_mask(self, drafts: list[int], alive: bool) -> torch.Tensor | None:
+        """The grammar mask of the row after ``drafts`` (None without a grammar). ``alive``
+        False: some draft before it was drawn from an empty q (the grammar left the draft head
+        nothing); verification rejects that draft, so this row is never used and must not be
+        asked of the grammar (the drafts after it are arbitrary): nothing is allowed."""
+        if self.grammar is None:
+            return None
+        if not alive:
+            return torch.zeros(self.grammar.vocab_size, dtype=torch.bool)
+        return self.grammar_mask(drafts)
+
     def grammar_mask(self, drafts: list[int]) -> torch.Tensor:
         """Bool ``[V]``: what the grammar allows after the committed tokens plus ``drafts``,
         less the ``min_tokens`` ban unless the grammar allows only the end there (it wins)."""

@@ -202,18 +202,11 @@ class SpeculativeStep:
         need_read = any(b not in looked_up and num[b] for b in grammar)
         known = drafts.tolist() if need_read else None
         alive = (q.sum(dim=-1) > 0).tolist() if need_read and q is not None else None
-        vocab = self.target.vocab_size
         masks: list[torch.Tensor | None] = []
         for b, it in enumerate(items):
             if not verifying[b]:
                 continue
-            r = it.request
             tokens = looked_up.get(b) or (known[b][:num[b]] if known is not None else [])
-            for j in range(num[b] + 1):
-                if r.grammar is None:
-                    masks.append(None)
-                elif b in looked_up or alive is None or all(alive[b][:j]):
-                    masks.append(r.grammar_mask(tokens[:j]))
-                else:
-                    masks.append(torch.zeros(vocab, dtype=torch.bool))
-        return stack_masks(masks, vocab, drafts.device)
+            live = b in looked_up or alive is None
+            masks += [it.request.row_mask(tokens[:j], live or all(alive[b][:j])) for j in range(num[b] + 1)]  # type: ignore[index]
+        return stack_masks(masks, self.target.vocab_size, drafts.device)

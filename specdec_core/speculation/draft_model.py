@@ -126,14 +126,7 @@ class DraftModelProposer:
         alive: list[list[bool]] = [[] for _ in range(drafts.shape[0])]
         if j > 0:
             known, alive = drafts[:, :j].tolist(), (probs[:, :j].sum(dim=-1) > 0).tolist()
-        none = torch.zeros(self.runner.vocab_size, dtype=torch.bool)
-        masks: list[torch.Tensor | None] = []
-        for b in act:
-            r = items[b].request
-            if r.grammar is None:
-                masks.append(None)
-            else:
-                masks.append(r.grammar_mask(known[b]) if all(alive[b]) else none)
+        masks = [items[b].request.row_mask(known[b], all(alive[b])) for b in act]
         return stack_masks(masks, self.runner.vocab_size, drafts.device)
 
     @staticmethod
