@@ -198,3 +198,23 @@ def test_packed_attention_computes_what_the_segments_compute(models, arch):
     packed.forward([ForwardItem(16, 0, prompt, 1)])
     verify = packed.forward([ForwardItem(16, PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)])
     torch.testing.assert_close(verify, ref_steps, rtol=1e-4, atol=1e-4)
+
+
+def test_transformers_path_computes_what_the_model_computes() -> None:
+    """The generic path (a model the native forward does not cover: here a GELU Llama), with a
+    cached prefix and two requests packed in one forward, and one request alone."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, hidden_act="gelu",
+                                         tie_word_embeddings=False)).eval()
+    run = ModelRunner(model, num_slots=3, max_len=64, vocab_size=300)
+    assert run.path == "transformers"
+    a, b = torch.randint(0, 300, (20,)).tolist(), torch.randint(0, 300, (12,)).tolist()
+    with torch.inference_mode():
+        ref_a, ref_b = model(torch.tensor([a])).logits[0, 15:], model(torch.tensor([b])).logits[0, -2:]
+    run.forward([ForwardItem(0, 0, a[:15], 0)])
+    got = run.forward([ForwardItem(0, 15, a[15:], 5), ForwardItem(1, 0, b, 2)])
+    torch.testing.assert_close(got, torch.cat([ref_a, ref_b]), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(run.forward([ForwardItem(2, 0, b, 1)])[0], ref_b[-1], rtol=1e-4, atol=1e-4)

@@ -134,8 +134,9 @@ class ModelRunner:
             return logits[:, : self.vocab_size]
         return logits.new_full((logits.shape[0], self.vocab_size), float("-inf")).index_copy_(1, rows, logits)
 
-    def _plan_native(self, items: list[ForwardItem], upload: HostUpload) -> ForwardPlan:
-        """Tokens, positions, cache rows and logit rows; then the attention's layout."""
+    def _token_refs(self, items: list[ForwardItem], upload: HostUpload) -> tuple[dict[str, Ref], int]:
+        """What every forward needs, whichever path: token ids, positions, the flat cache rows
+        they are written to, and the rows whose logits come back (and how many)."""
         max_len = self.cache.max_len
         ids: list[int] = []
         pos: list[int] = []
@@ -149,7 +150,11 @@ class ModelRunner:
             logit_rows += range(row + n - it.num_logits, row + n)
         refs = {"ids": upload.ints(ids), "pos": upload.ints(pos), "write": upload.ints(write),
                 "logit_rows": upload.ints(logit_rows)}
-        plan = ForwardPlan(refs, len(logit_rows))
+        return refs, len(logit_rows)
+
+    def _plan_native(self, items: list[ForwardItem], upload: HostUpload) -> ForwardPlan:
+        """The tokens' indices, then the attention's layout."""
+        plan = ForwardPlan(*self._token_refs(items, upload))
         if self.attention == "packed":
             self._plan_packed_attention(items, upload, plan)
         else:
@@ -213,35 +218,30 @@ class ModelRunner:
     def _plan_packed(self, items: list[ForwardItem], upload: HostUpload) -> ForwardPlan:
         """The generic path: one packed sequence under a block-causal mask (its indices)."""
         max_len = self.cache.max_len
-        lists: dict[str, list[int]] = {name: [] for name in
-                                       ("ids", "tok_pos", "tok_seq", "tok_index", "key_index", "key_pos", "key_seq", "logit_rows")}
+        refs, num_logits = self._token_refs(items, upload)
+        keys: dict[str, list[int]] = {"tok_seq": [], "key_index": [], "key_pos": [], "key_seq": []}
         for i, it in enumerate(items):
-            n, end, base = len(it.tokens), it.start + len(it.tokens), it.slot * max_len
-            offset = len(lists["ids"])
-            lists["ids"] += it.tokens
-            lists["tok_pos"] += range(it.start, end)
-            lists["tok_seq"] += [i] * n
-            lists["tok_index"] += range(base + it.start, base + end)
-            lists["key_index"] += range(base, base + end)
-            lists["key_pos"] += range(end)
-            lists["key_seq"] += [i] * end
-            lists["logit_rows"] += range(offset + n - it.num_logits, offset + n)
-        keys = lists["key_index"]
-        key_range = (keys[0], keys[0] + len(keys)) if len(items) == 1 else None
-        refs = {name: upload.ints(values) for name, values in lists.items()}
-        if len(items) == 1:
-            del refs["tok_seq"], refs["key_seq"]
-        return ForwardPlan(refs, len(lists["logit_rows"]), key_range=key_range)
+            end, base = it.start + len(it.tokens), it.slot * max_len
+            keys["tok_seq"] += [i] * len(it.tokens)
+            keys["key_index"] += range(base, base + end)
+            keys["key_pos"] += range(end)
+            keys["key_seq"] += [i] * end
+        index = keys["key_index"]
+        key_range = (index[0], index[0] + len(index)) if len(items) == 1 else None
+        if len(items) == 1:  # one request: every key is its own, no sequence mask
+            del keys["tok_seq"], keys["key_seq"]
+        refs.update({name: upload.ints(values) for name, values in keys.items()})
+        return ForwardPlan(refs, num_logits, key_range=key_range)
 
     def _run_packed(self, plan: ForwardPlan, upload: HostUpload, ids: torch.Tensor) -> torch.Tensor:
         """The transformers forward over one packed sequence under a 4-D mask."""
         r = plan.refs
-        tok_pos, key_pos = upload[r["tok_pos"]], upload[r["key_pos"]]
+        tok_pos, key_pos = upload[r["pos"]], upload[r["key_pos"]]
         # A token sees the keys of its own request at positions <= its own.
         mask = key_pos[None, :] <= tok_pos[:, None]
         if "tok_seq" in r:
             mask &= upload[r["tok_seq"]][:, None] == upload[r["key_seq"]][None, :]
-        self.cache.layout = PackedLayout(upload[r["tok_index"]], upload[r["key_index"]], plan.key_range)
+        self.cache.layout = PackedLayout(upload[r["write"]], upload[r["key_index"]], plan.key_range)
         try:
             out = self.body(
                 input_ids=ids[None],
