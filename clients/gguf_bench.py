@@ -92,6 +92,7 @@ def step_bench(source: str | None, context: int, repeats: int, gbs: float) -> No
     from specdec_core.engine.config import default_cache_dir
     from specdec_core.execution.gguf_linear import GGUFLinear
     from specdec_core.execution.linear_kernels import RowInt8Linear
+    from specdec_core.execution.kv_cache import blocks_for, region
     from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 
     from specdec_core.loading.loader import load_model
@@ -102,12 +103,13 @@ def step_bench(source: str | None, context: int, repeats: int, gbs: float) -> No
     prepare_s: dict[str, float] = {}
     for mode in ("int8", "gguf"):
         t0 = time.perf_counter()
-        runners[mode] = ModelRunner(loaded.model, num_slots=16, max_len=context + 8, vocab_size=vocab, quantize=mode)
+        runners[mode] = ModelRunner(loaded.model, num_blocks=16 * blocks_for(context + 8, 16),
+                                     block_size=16, max_len=context + 8, vocab_size=vocab, quantize=mode)
         prepare_s[mode] = time.perf_counter() - t0
     prompt = [17 + (i % 500) for i in range(context)]
     for run in runners.values():
         for slot in range(16):
-            run.forward([ForwardItem(slot, 0, prompt, 1)])
+            run.forward([ForwardItem(region(slot, context + 8, 16), 0, prompt, 1)])
 
     def read_bytes(run: ModelRunner) -> int:
         total = 0
@@ -118,9 +120,9 @@ def step_bench(source: str | None, context: int, repeats: int, gbs: float) -> No
                 total += layer.in_features * layer.out_features
         return total
 
-    shapes = {"1 token": [ForwardItem(0, context, [5], 1)],
-              "1 + 4 drafts": [ForwardItem(0, context, [5, 6, 7, 8, 9], 5, num_drafts=4)],
-              "16 x 1 token": [ForwardItem(s, context, [5], 1) for s in range(16)]}
+    shapes = {"1 token": [ForwardItem(region(0, context + 8, 16), context, [5], 1)],
+              "1 + 4 drafts": [ForwardItem(region(0, context + 8, 16), context, [5, 6, 7, 8, 9], 5, num_drafts=4)],
+              "16 x 1 token": [ForwardItem(region(s, context + 8, 16), context, [5], 1) for s in range(16)]}
     print(f"\nstep of {loaded.name} ({context} tokens cached), ms median (min); weights read per step: "
           + ", ".join(f"{m} {read_bytes(r) / 1e9:.3f} GB" for m, r in runners.items())
           + "; preparing the runner: " + ", ".join(f"{m} {s:.1f} s" for m, s in prepare_s.items()))

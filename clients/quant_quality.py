@@ -37,18 +37,20 @@ def texts(tokenizer, per_kind: int) -> list[list[int]]:
 def compare(loaded, per_kind: int, continue_tokens: int, mode: str = "int8") -> dict[str, float]:
     import torch
 
+    from specdec_core.execution.kv_cache import blocks_for, region
     from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
-    runners = {m: ModelRunner(loaded.model, num_slots=1, max_len=2048, vocab_size=vocab, quantize=m) for m in ("none", mode)}
+    runners = {m: ModelRunner(loaded.model, num_blocks=blocks_for(2048, 16),
+                               block_size=16, max_len=2048, vocab_size=vocab, quantize=m) for m in ("none", mode)}
     agree = kl = positions = 0.0
     for ids in texts(loaded.tokenizer, per_kind):
         seq = list(ids)
         for _ in range(continue_tokens):  # the fp32 model's own greedy continuation
-            logits = runners["none"].forward([ForwardItem(0, 0, seq, 1)])
+            logits = runners["none"].forward([ForwardItem(region(0, 2048, 16), 0, seq, 1)])
             seq.append(int(logits[0].argmax()))
-        fp32 = runners["none"].forward([ForwardItem(0, 0, seq, len(seq))])
-        int8 = runners[mode].forward([ForwardItem(0, 0, seq, len(seq))])
+        fp32 = runners["none"].forward([ForwardItem(region(0, 2048, 16), 0, seq, len(seq))])
+        int8 = runners[mode].forward([ForwardItem(region(0, 2048, 16), 0, seq, len(seq))])
         lp, lq = torch.log_softmax(fp32, -1), torch.log_softmax(int8, -1)
         agree += (fp32.argmax(-1) == int8.argmax(-1)).sum().item()
         kl += (lp.exp() * (lp - lq)).sum(-1).sum().item()

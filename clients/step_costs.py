@@ -63,13 +63,15 @@ def time_forward(runner, items, repeats: int) -> float:
 
 
 def measure(loaded, quantize: str, context: int, repeats: int) -> dict[str, float]:
+    from specdec_core.execution.kv_cache import blocks_for, region
     from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
-    runner = ModelRunner(loaded.model, num_slots=16, max_len=context + 40, vocab_size=vocab, quantize=quantize)
+    runner = ModelRunner(loaded.model, num_blocks=16 * blocks_for(context + 40, 16),
+                         block_size=16, max_len=context + 40, vocab_size=vocab, quantize=quantize)
 
     def item(slot: int, n: int) -> ForwardItem:
-        return ForwardItem(slot, context, [17 + j for j in range(n)], n, num_drafts=n - 1)
+        return ForwardItem(region(slot, context + 40, 16), context, [17 + j for j in range(n)], n, num_drafts=n - 1)
 
     costs = {f"1x{n}": time_forward(runner, [item(0, n)], repeats) for n in SINGLE_TOKENS}
     for reqs, n in BATCHES:

@@ -1,7 +1,7 @@
 """Command-line flags generated from dataclass fields (``EngineConfig``, ``ServerSettings``).
 
 A field whose ``metadata`` has a ``help`` text becomes ``--field-name`` (environment variable
-``SPECDEC_FIELD_NAME``): its type gives the parser (``int``, ``str``, ``Path``), a ``Literal``
+``SPECDEC_FIELD_NAME``): its type gives the parser (``int``, ``float``, ``str``, ``Path``), a ``Literal``
 gives the choices, a ``bool`` gives ``--x/--no-x``, and ``minimum``/``maximum`` bounds are checked
 while parsing so a bad value fails naming the flag or variable. Flags default to ``None`` ("not
 given"), and only given values reach the dataclass, so its own defaults stay the single source.
@@ -48,9 +48,12 @@ def _strip_optional(hint: Any) -> Any:
     return hint
 
 
-def _bounded_int(minimum: int | None, maximum: int | None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
+def _bounded(kind: type, minimum: float | None, maximum: float | None) -> Callable[[str], Any]:
+    """A parser of ``kind`` (int or float) that checks the bounds."""
+    noun = "integer" if kind is int else "number"
+
+    def parse(text: str) -> Any:
+        value = kind(text)
         if minimum is not None and maximum is not None and not minimum <= value <= maximum:
             raise argparse.ArgumentTypeError(f"must be in [{minimum}, {maximum}], got {value}")
         if minimum is not None and value < minimum:
@@ -61,11 +64,11 @@ def _bounded_int(minimum: int | None, maximum: int | None) -> Callable[[str], in
 
     # argparse names the type in "invalid <name> value" errors.
     if minimum is not None and maximum is not None:
-        parse.__name__ = f"integer in [{minimum}, {maximum}]"
+        parse.__name__ = f"{noun} in [{minimum}, {maximum}]"
     elif minimum is not None:
-        parse.__name__ = f"integer >= {minimum}"
+        parse.__name__ = f"{noun} >= {minimum}"
     else:
-        parse.__name__ = "integer"
+        parse.__name__ = noun
     return parse
 
 
@@ -111,8 +114,8 @@ def add_flags(groups: Callable[[str], Any], cls: type, localns: Mapping[str, Any
                 kwargs["metavar"] = "{" + ",".join(choices) + "}"
             else:
                 kwargs["choices"] = choices
-        elif hint is int:
-            kwargs["type"] = _bounded_int(meta.get("minimum"), meta.get("maximum"))
+        elif hint in (int, float):
+            kwargs["type"] = _bounded(hint, meta.get("minimum"), meta.get("maximum"))
         elif hint is Path:
             kwargs["type"] = Path
             kwargs["metavar"] = "DIR"

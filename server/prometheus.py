@@ -66,7 +66,9 @@ class EngineCollector(Collector):
             waiting = admitted - running
         yield _gauge("num_requests_running", "Requests in the running batch", running, model)
         yield _gauge("num_requests_waiting", "Requests admitted and not yet running", waiting, model)
-        yield _gauge("kv_cache_usage_perc", "Fraction of KV cache slots in use (0-1)", m.kv_cache_usage, model)
+        yield _gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1)", m.kv_cache_usage, model)
+        yield _counter("num_preemptions", "Requests preempted (their KV blocks given to an older request) and recomputed",
+                       m.num_preemptions, model)
         yield _counter("prompt_tokens", "Prompt tokens processed", m.total_prompt_tokens, model)
         yield _counter("prefix_cache_hits", "Prompt tokens served from the prefix cache (not prefilled)",
                        m.prefix_cache_hit_tokens, model)

@@ -168,3 +168,23 @@ def load(path: Path | str, **kwargs):
 
     return load_model(str(path), role=kwargs.pop("role", "target"), device="cpu", dtype="float32",
                       cache_dir=Path(os.environ["SPECDEC_CACHE_DIR"]), progress=False, **kwargs)
+
+
+TEST_BLOCK = 16  # KV block size of the runners built in tests
+
+
+def slot_runner(model: torch.nn.Module, num_slots: int, max_len: int, **kwargs):
+    """A ``ModelRunner`` whose KV pool holds ``num_slots`` regions of ``max_len`` positions, the
+    tables ``region(i, max_len)`` gives: tests that place requests by hand address them so."""
+    from specdec_core.execution.kv_cache import blocks_for
+    from specdec_core.execution.model_runner import ModelRunner
+
+    return ModelRunner(model, num_blocks=num_slots * blocks_for(max_len, TEST_BLOCK), block_size=TEST_BLOCK,
+                       max_len=max_len, **kwargs)
+
+
+def region(i: int, max_len: int) -> list[int]:
+    """The block table of region ``i`` of a ``slot_runner``'s pool: consecutive blocks."""
+    from specdec_core.execution import kv_cache
+
+    return kv_cache.region(i, max_len, TEST_BLOCK)

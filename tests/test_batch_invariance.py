@@ -14,8 +14,9 @@ import random
 
 import pytest
 import torch
-from conftest import load
+from conftest import TEST_BLOCK, load, region, slot_runner
 
+from specdec_core.execution.kv_cache import contiguous_base
 from specdec_core.execution.linear_kernels import prepare_linear
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 
@@ -48,13 +49,13 @@ def models(tiny_model_factory, smol_gguf):
 
 def runner(loaded, quantize: str) -> ModelRunner:
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
-    return ModelRunner(loaded.model, num_slots=17, max_len=MAX_LEN, vocab_size=vocab, quantize=quantize)
+    return slot_runner(loaded.model, 17, MAX_LEN, vocab_size=vocab, quantize=quantize)
 
 
 def alone(run: ModelRunner, prompt: list[int], follow: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill ``prompt`` alone, then decode ``follow`` one token per step: the reference logits."""
-    first = run.forward([ForwardItem(0, 0, prompt, 1)])
-    steps = [run.forward([ForwardItem(0, len(prompt) + i, [t], 1)]) for i, t in enumerate(follow)]
+    first = run.forward([ForwardItem(region(0, MAX_LEN), 0, prompt, 1)])
+    steps = [run.forward([ForwardItem(region(0, MAX_LEN), len(prompt) + i, [t], 1)]) for i, t in enumerate(follow)]
     return first, torch.cat(steps)
 
 
@@ -67,7 +68,7 @@ def others(rng: random.Random, vocab: int, count: int, slots: list[int]) -> list
         n = rng.randint(2, 33) if kind == "chunk" else 1 + (rng.randint(1, 6) if kind == "drafts" else 0)
         tokens = [rng.randrange(vocab) for _ in range(n)]
         drafts = n - 1 if kind == "drafts" else 0
-        items.append(ForwardItem(slot, start, tokens, rng.choice([0, 1, n]) if kind == "chunk" else n, drafts))
+        items.append(ForwardItem(region(slot, MAX_LEN), start, tokens, rng.choice([0, 1, n]) if kind == "chunk" else n, drafts))
     return items
 
 
@@ -84,8 +85,8 @@ def test_logits_independent_of_batch_and_equal_to_plain_decoding(models, arch, q
     ref_first, ref_steps = alone(run, prompt, follow)
 
     # Verification of 1 known token + 4 drafts, alone: equal to 5 plain decode steps.
-    run.forward([ForwardItem(1, 0, prompt, 1)])
-    verify = run.forward([ForwardItem(1, PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)])
+    run.forward([ForwardItem(region(1, MAX_LEN), 0, prompt, 1)])
+    verify = run.forward([ForwardItem(region(1, MAX_LEN), PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)])
     assert torch.equal(verify, ref_steps)
 
     for batch_size in (2, 4, 9, 16):
@@ -95,11 +96,11 @@ def test_logits_independent_of_batch_and_equal_to_plain_decoding(models, arch, q
         after = others(rng, vocab, batch_size - 1, free)
         at = rng.randrange(len(before) + 1)
         # The prompt chunk (+ its first logits) beside other work, then the verification beside other work.
-        got = run.forward(before[:at] + [ForwardItem(slot, 0, prompt, 1)] + before[at:])
+        got = run.forward(before[:at] + [ForwardItem(region(slot, MAX_LEN), 0, prompt, 1)] + before[at:])
         offset = sum(it.num_logits for it in before[:at])
         assert torch.equal(got[offset:offset + 1], ref_first), f"prefill row differs at batch size {batch_size}"
         at = rng.randrange(len(after) + 1)
-        got = run.forward(after[:at] + [ForwardItem(slot, PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)] + after[at:])
+        got = run.forward(after[:at] + [ForwardItem(region(slot, MAX_LEN), PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)] + after[at:])
         offset = sum(it.num_logits for it in after[:at])
         assert torch.equal(got[offset:offset + NUM_DRAFTS + 1], ref_steps), f"verify rows differ at batch size {batch_size}"
 
@@ -112,7 +113,7 @@ def test_native_fp32_matches_transformers_forward(models, arch):
     ids = torch.randint(0, run.vocab_size, (1, 29), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         ref = loaded.model(ids).logits[0].float()
-    got = run.forward([ForwardItem(3, 0, ids[0].tolist(), 29)])
+    got = run.forward([ForwardItem(region(3, MAX_LEN), 0, ids[0].tolist(), 29)])
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -140,8 +141,8 @@ def test_int8_rows_are_close_to_fp32(models):
     """Per-row int8 stays close to the fp32 model on real weights (the quality trade-off)."""
     loaded = models["smollm2"]
     ids = loaded.tokenizer("def fibonacci(n):\n    if n < 2:\n        return n\n    return", return_tensors="pt").input_ids[0].tolist()
-    fp32 = runner(loaded, "none").forward([ForwardItem(0, 0, ids, len(ids))])
-    int8 = runner(loaded, "int8").forward([ForwardItem(0, 0, ids, len(ids))])
+    fp32 = runner(loaded, "none").forward([ForwardItem(region(0, MAX_LEN), 0, ids, len(ids))])
+    int8 = runner(loaded, "int8").forward([ForwardItem(region(0, MAX_LEN), 0, ids, len(ids))])
     agree = (fp32.argmax(-1) == int8.argmax(-1)).float().mean().item()
     assert agree >= 0.8, f"int8 top-1 agrees with fp32 on only {agree:.0%} of positions"
 
@@ -155,8 +156,8 @@ def test_negative_control_drafts_attended_as_one_block_differ(models):
     prompt = [rng.randrange(run.vocab_size) for _ in range(PROMPT_LEN)]
     follow = [rng.randrange(run.vocab_size) for _ in range(NUM_DRAFTS + 1)]
     _, ref_steps = alone(run, prompt, follow)
-    run.forward([ForwardItem(1, 0, prompt, 1)])
-    block = run.forward([ForwardItem(1, PROMPT_LEN, follow, NUM_DRAFTS + 1, num_drafts=0)])
+    run.forward([ForwardItem(region(1, MAX_LEN), 0, prompt, 1)])
+    block = run.forward([ForwardItem(region(1, MAX_LEN), PROMPT_LEN, follow, NUM_DRAFTS + 1, num_drafts=0)])
     assert not torch.equal(block, ref_steps)
 
 
@@ -170,7 +171,7 @@ def test_dense_kernel_path_in_bfloat16(tiny_model_factory):
     ids = torch.randint(0, run.vocab_size, (1, 12), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         ref = model(ids).logits[0].float()
-    got = run.forward([ForwardItem(1, 0, ids[0].tolist(), 12)])
+    got = run.forward([ForwardItem(region(1, MAX_LEN), 0, ids[0].tolist(), 12)])
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, ref, rtol=0.05, atol=0.1)
 
@@ -183,20 +184,20 @@ def test_packed_attention_computes_what_the_segments_compute(models, arch):
     loaded = models[arch]
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
     seg = runner(loaded, "none")
-    packed = ModelRunner(loaded.model, num_slots=17, max_len=MAX_LEN, vocab_size=vocab, attention="packed")
+    packed = slot_runner(loaded.model, 17, MAX_LEN, vocab_size=vocab, attention="packed")
     assert packed.attention == "packed" and seg.attention == "segments"
     rng = random.Random(f"packed-{arch}")
-    prefill = [ForwardItem(s, 0, [rng.randrange(vocab) for _ in range(60)], 1) for s in range(8)]
+    prefill = [ForwardItem(region(s, MAX_LEN), 0, [rng.randrange(vocab) for _ in range(60)], 1) for s in range(8)]
     for run in (seg, packed):
         run.forward(prefill)
     batch = others(rng, vocab, 8, list(range(8, 16))) + [
-        ForwardItem(s, 60, [rng.randrange(vocab) for _ in range(1 + s % 5)], 1 + s % 5, s % 5) for s in range(8)]
+        ForwardItem(region(s, MAX_LEN), 60, [rng.randrange(vocab) for _ in range(1 + s % 5)], 1 + s % 5, s % 5) for s in range(8)]
     torch.testing.assert_close(packed.forward(batch), seg.forward(batch), rtol=1e-4, atol=1e-4)
     prompt = [rng.randrange(vocab) for _ in range(PROMPT_LEN)]
     follow = [rng.randrange(vocab) for _ in range(NUM_DRAFTS + 1)]
     _, ref_steps = alone(seg, prompt, follow)
-    packed.forward([ForwardItem(16, 0, prompt, 1)])
-    verify = packed.forward([ForwardItem(16, PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)])
+    packed.forward([ForwardItem(region(16, MAX_LEN), 0, prompt, 1)])
+    verify = packed.forward([ForwardItem(region(16, MAX_LEN), PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)])
     torch.testing.assert_close(verify, ref_steps, rtol=1e-4, atol=1e-4)
 
 
@@ -209,12 +210,36 @@ def test_transformers_path_computes_what_the_model_computes() -> None:
     model = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, hidden_act="gelu",
                                          tie_word_embeddings=False)).eval()
-    run = ModelRunner(model, num_slots=3, max_len=64, vocab_size=300)
+    run = slot_runner(model, 3, 64, vocab_size=300)
     assert run.path == "transformers"
     a, b = torch.randint(0, 300, (20,)).tolist(), torch.randint(0, 300, (12,)).tolist()
     with torch.inference_mode():
         ref_a, ref_b = model(torch.tensor([a])).logits[0, 15:], model(torch.tensor([b])).logits[0, -2:]
-    run.forward([ForwardItem(0, 0, a[:15], 0)])
-    got = run.forward([ForwardItem(0, 15, a[15:], 5), ForwardItem(1, 0, b, 2)])
+    run.forward([ForwardItem(region(0, 64), 0, a[:15], 0)])
+    got = run.forward([ForwardItem(region(0, 64), 15, a[15:], 5), ForwardItem(region(1, 64), 0, b, 2)])
     torch.testing.assert_close(got, torch.cat([ref_a, ref_b]), rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(run.forward([ForwardItem(2, 0, b, 1)])[0], ref_b[-1], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(run.forward([ForwardItem(region(2, 64), 0, b, 1)])[0], ref_b[-1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("quantize", MODES)
+def test_logits_independent_of_where_the_blocks_are(models, quantize):
+    """A request whose blocks are scattered through the pool (its keys gathered, not sliced),
+    beside requests whose blocks are consecutive, gets exactly the logits it gets in a run of
+    blocks: prefill, decoding and the verification of drafts."""
+    loaded = models["qwen2"]
+    run = runner(loaded, quantize)
+    vocab = run.vocab_size
+    rng = random.Random(quantize)
+    prompt = [rng.randrange(vocab) for _ in range(PROMPT_LEN)]
+    follow = [rng.randrange(vocab) for _ in range(NUM_DRAFTS + 1)]
+    ref_first, ref_steps = alone(run, prompt, follow)
+    per = len(region(0, MAX_LEN))
+    scattered = list(range(17 * per - 1, 5 * per - 1, -11))[:per]  # descending, gaps: outside regions 0-4
+    assert len(scattered) == per and contiguous_base(scattered, TEST_BLOCK, PROMPT_LEN + NUM_DRAFTS + 1) is None
+    beside = others(rng, vocab, 3, [2, 3, 4])
+    got = run.forward([*beside[:1], ForwardItem(scattered, 0, prompt, 1), *beside[1:]])
+    offset = beside[0].num_logits
+    assert torch.equal(got[offset:offset + 1], ref_first)
+    got = run.forward([*beside[:2], ForwardItem(scattered, PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)])
+    offset = beside[0].num_logits + beside[1].num_logits
+    assert torch.equal(got[offset:], ref_steps)

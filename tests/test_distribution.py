@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import load
+from conftest import load, region, slot_runner
 from scipy.stats import chisquare
 
 import specdec_core.speculation.verifier as verifier_module
@@ -64,9 +64,9 @@ def tiny_vocab_pair(tmp_path_factory):
 
 def exact_two_token_distribution(model, params: SamplingParams, quantize: str, prompt: list[int] = PROMPT) -> torch.Tensor:
     """P(t1, t2 | prompt) under the warped target, as a flat [VOCAB * VOCAB] tensor."""
-    run = ModelRunner(model, num_slots=VOCAB + 1, max_len=16, vocab_size=VOCAB, quantize=quantize)
-    p1 = warp(run.forward([ForwardItem(VOCAB, 0, prompt, 1)]), [RowParams(params)])[0]
-    logits = run.forward([ForwardItem(t, 0, prompt + [t], 1, num_drafts=1) for t in range(VOCAB)])
+    run = slot_runner(model, VOCAB + 1, 16, vocab_size=VOCAB, quantize=quantize)
+    p1 = warp(run.forward([ForwardItem(region(VOCAB, 16), 0, prompt, 1)]), [RowParams(params)])[0]
+    logits = run.forward([ForwardItem(region(t, 16), 0, prompt + [t], 1, num_drafts=1) for t in range(VOCAB)])
     p2 = warp(logits, [RowParams(params)] * VOCAB)
     return (p1[:, None] * p2).flatten().double()
 

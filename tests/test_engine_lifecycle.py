@@ -32,7 +32,7 @@ def test_cache_returns_to_zero_after_many_rejections(pair):
     assert all(len(c.token_ids) == 20 for c in out)
     m = eng.metrics
     assert m.total_accepted_tokens < m.total_draft_tokens  # there were rejections to roll back
-    assert eng.scheduler.kv_usage == 0.0 and eng.scheduler.slots.num_free == 4
+    assert eng.scheduler.kv_usage == 0.0 and eng.scheduler.pool.num_free == eng.scheduler.pool.num_blocks
     assert not eng.scheduler.running and not eng.scheduler.waiting
 
 

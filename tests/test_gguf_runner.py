@@ -16,7 +16,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from conftest import load
+from conftest import load, region, slot_runner
 from gguf import GGMLQuantizationType, quants
 from test_batch_invariance import MAX_LEN, NUM_DRAFTS, PROMPT_LEN, alone, others
 from test_gguf_blocks import blocks_for
@@ -51,7 +51,7 @@ def make_runner(loaded, quantize: str) -> ModelRunner:
     if quantize == "gguf":
         attach_random_blocks(loaded.model)  # the runner drops the blocks once prepared
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
-    return ModelRunner(loaded.model, num_slots=17, max_len=MAX_LEN, vocab_size=vocab, quantize=quantize)
+    return slot_runner(loaded.model, 17, MAX_LEN, vocab_size=vocab, quantize=quantize)
 
 
 def test_blocks_serve_every_linear(kquant_model):
@@ -69,16 +69,16 @@ def test_rows_bit_identical_batched_and_as_drafts(kquant_model):
     prompt = [rng.randrange(vocab) for _ in range(PROMPT_LEN)]
     follow = [rng.randrange(vocab) for _ in range(NUM_DRAFTS + 1)]
     ref_first, ref_steps = alone(run, prompt, follow)
-    run.forward([ForwardItem(1, 0, prompt, 1)])
-    assert torch.equal(run.forward([ForwardItem(1, PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)]), ref_steps)
+    run.forward([ForwardItem(region(1, MAX_LEN), 0, prompt, 1)])
+    assert torch.equal(run.forward([ForwardItem(region(1, MAX_LEN), PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)]), ref_steps)
     for batch_size in (4, 16):
         slot = rng.randrange(2, 17)
         free = [s for s in range(2, 17) if s != slot] + [0, 1]
         before = others(rng, vocab, batch_size - 1, free)
-        got = run.forward(before + [ForwardItem(slot, 0, prompt, 1)])
+        got = run.forward(before + [ForwardItem(region(slot, MAX_LEN), 0, prompt, 1)])
         assert torch.equal(got[-1:], ref_first)
         after = others(rng, vocab, batch_size - 1, free)
-        got = run.forward([ForwardItem(slot, PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)] + after)
+        got = run.forward([ForwardItem(region(slot, MAX_LEN), PROMPT_LEN, follow, NUM_DRAFTS + 1, NUM_DRAFTS)] + after)
         assert torch.equal(got[:NUM_DRAFTS + 1], ref_steps)
 
 
@@ -87,12 +87,12 @@ def test_reduced_head_scores_exactly_its_rows(kquant_model):
     each listed column equals the full head's, bit for bit."""
     ids = torch.randint(0, 49152, (9,), generator=torch.Generator().manual_seed(5)).tolist()
     rows = sorted(random.Random(1).sample(range(49152), 1003))
-    full = make_runner(kquant_model, "gguf").forward([ForwardItem(0, 0, ids, 3)])
+    full = make_runner(kquant_model, "gguf").forward([ForwardItem(region(0, MAX_LEN), 0, ids, 3)])
     attach_random_blocks(kquant_model.model)
-    reduced = ModelRunner(kquant_model.model, num_slots=2, max_len=MAX_LEN, vocab_size=49152, quantize="gguf",
+    reduced = slot_runner(kquant_model.model, 2, MAX_LEN, vocab_size=49152, quantize="gguf",
                           head_rows=rows)
     assert isinstance(reduced.native.lm_head, GGUFLinear)
-    got = reduced.forward([ForwardItem(0, 0, ids, 3)])
+    got = reduced.forward([ForwardItem(region(0, MAX_LEN), 0, ids, 3)])
     assert torch.equal(got[:, rows], full[:, rows])
     assert torch.isinf(got).sum() == 3 * (49152 - len(rows))
 
@@ -101,7 +101,7 @@ def test_logits_as_close_to_fp32_as_int8s(kquant_model):
     """Random K-quant blocks make a model that amplifies any activation rounding (int8 is ~25% off
     fp32 on it as well): the block kernels must be no further from fp32 than per-row int8 is."""
     ids = torch.randint(0, 49152, (29,), generator=torch.Generator().manual_seed(3)).tolist()
-    got = {m: make_runner(kquant_model, m).forward([ForwardItem(0, 0, ids, len(ids))]) for m in ("none", "int8", "gguf")}
+    got = {m: make_runner(kquant_model, m).forward([ForwardItem(region(0, MAX_LEN), 0, ids, len(ids))]) for m in ("none", "int8", "gguf")}
     rel = {m: ((got[m] - got["none"]).norm() / got["none"].norm()).item() for m in ("int8", "gguf")}
     assert rel["gguf"] < 1.25 * rel["int8"], rel
 
@@ -125,8 +125,8 @@ def test_smollm2_blocks_are_the_converted_weights_and_close_to_fp32(smol_gguf):
     ids = loaded.tokenizer(text, return_tensors="pt").input_ids[0].tolist()
     logits = {}
     for mode in ("none", "int8", "gguf"):
-        run = ModelRunner(model, num_slots=1, max_len=256, vocab_size=head.weight.shape[0], quantize=mode)
-        logits[mode] = run.forward([ForwardItem(0, 0, ids, len(ids))])
+        run = slot_runner(model, 1, 256, vocab_size=head.weight.shape[0], quantize=mode)
+        logits[mode] = run.forward([ForwardItem(region(0, 256), 0, ids, len(ids))])
     assert isinstance(run.native.lm_head, GGUFLinear) and run.block_layers == len(weights)
 
     def kl(mode: str) -> float:

@@ -1,5 +1,5 @@
 """Prefix caching: a prompt that starts with an earlier prompt's full prefill chunks reuses their
-keys and values (the slot that holds them, or a copy), and gets exactly the output a recompute
+keys and values (the blocks that hold them, or a copy), and gets exactly the output a recompute
 gives: token for token greedy and seeded-sampled, in fp32 and int8, with and without drafts."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from conftest import load
 
 from specdec_core import Engine, EngineConfig, SamplingParams
-from specdec_core.engine.prefix_cache import PrefixCache
+from specdec_core.engine.prefix_cache import ChunkHit, PrefixCache
 
 CHUNK = 8
 
@@ -21,7 +21,7 @@ def pair(tiny_target, tiny_draft):
 
 
 def engine(pair, caching: bool, quantize: str = "int8", **kw) -> Engine:
-    config = EngineConfig(speculative_method="draft", max_num_seqs=3, max_model_len=128, prefill_chunk_size=CHUNK,
+    config = EngineConfig(speculative_method="draft", max_num_seqs=3, max_model_len=128, prefill_chunk_size=CHUNK, block_size=4,
                           num_speculative_tokens=3, adaptive_speculation=False, seed=0, quantize=quantize,
                           enable_prefix_caching=caching, **kw)
     return Engine.from_loaded(config, pair[0], pair[1])
@@ -58,7 +58,8 @@ def test_a_repeated_prefix_is_reused_and_the_output_is_a_recompute(pair, quantiz
 
 
 def test_a_prefix_held_by_a_running_request_is_copied(pair):
-    """Both prompts run at once: the second finds the first's chunks in a busy slot and copies them."""
+    """Both prompts run at once: the second finds the first's chunks in a running request's blocks
+    and copies them."""
     first, second = prompts(2)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     cold = engine(pair, caching=False)
@@ -72,22 +73,36 @@ def test_a_prefix_held_by_a_running_request_is_copied(pair):
     warm.add_request(b)
     while warm.has_unfinished():
         warm.step()
-    assert b.stats.cached_tokens == 3 * CHUNK and b.slot is None and a.slot is None
+    assert b.stats.cached_tokens == 3 * CHUNK and not a.blocks and not b.blocks
+    assert warm.scheduler.pool.num_free == warm.scheduler.pool.num_blocks
     assert b.output_ids == want
 
 
 def test_only_full_prompt_chunks_are_shared():
-    cache = PrefixCache(4)
-    prompt = list(range(100, 111))  # 11 tokens: 2 full chunks
-    cache.record(0, prompt, computed=11)
-    assert cache.lookup(prompt + [1, 2], prefer={0}).length == 8
-    assert cache.lookup(prompt[:9], prefer=set()).length == 8  # a copy: slot 0 is not free
-    assert cache.lookup(prompt[:8], prefer={0}).length == 4  # one token must be left to compute
-    assert cache.lookup([7] + prompt[1:], prefer={0}) is None  # a different first chunk
-    cache.keep_only(0, 4)
-    assert cache.lookup(prompt, prefer={0}).length == 4
-    cache.keep_only(0, 0)
-    assert cache.lookup(prompt, prefer={0}) is None
+    cache = PrefixCache(4, block_size=2)
+    prompt = list(range(100, 111))  # 11 tokens: 2 full chunks, in blocks (0, 1) and (2, 3)
+    recorded = cache.record([0, 1, 2, 3, 4, 5], prompt, computed=11, draft_computed=5, recorded=(0, 0))
+    assert recorded == (2, 1)  # the draft has computed the first chunk only
+    def free(b: int) -> bool:
+        return True
+    assert cache.lookup(prompt + [1, 2], free) == [ChunkHit((0, 1), True), ChunkHit((2, 3), False)]
+    assert len(cache.lookup(prompt[:8], free)) == 1  # one token must be left to compute
+    assert cache.lookup([7] + prompt[1:], free) == []  # a different first chunk
+    cache.record([0, 1, 2, 3, 4, 5], prompt, computed=11, draft_computed=11, recorded=recorded)
+    assert cache.lookup(prompt, free)[1].draft
+    cache.forget([3])  # block 3 handed out again: the second chunk is gone
+    assert cache.lookup(prompt, free) == [ChunkHit((0, 1), True)]
+    cache.forget([0])
+    assert cache.lookup(prompt, free) == []
+
+
+def test_a_free_holder_is_preferred_to_a_copy():
+    cache = PrefixCache(4, block_size=4)
+    prompt = list(range(9))
+    cache.record([5, 6, 7], prompt, computed=9, draft_computed=0, recorded=(0, 0))
+    cache.record([1, 2, 3], prompt, computed=9, draft_computed=0, recorded=(0, 0))
+    assert [h.blocks for h in cache.lookup(prompt, lambda b: b in (5, 6))] == [(5,), (6,)]
+    assert [h.blocks for h in cache.lookup(prompt, lambda b: b in (1, 2))] == [(1,), (2,)]
 
 
 @pytest.fixture(scope="module")

@@ -166,7 +166,7 @@ def test_a_reduced_draft_head_proposes_only_its_tokens_and_stays_exact(pair):
     assert [c.token_ids for c in eng.generate(PROMPTS, GREEDY)] == [c.token_ids for c in alone]
     from specdec_core.execution.model_runner import ForwardItem
 
-    logits = eng.draft_runner.forward([ForwardItem(0, 0, [1, 2, 3], 1)])[0]
+    logits = eng.draft_runner.forward([ForwardItem([0], 0, [1, 2, 3], 1)])[0]
     scored = torch.isfinite(logits).nonzero().flatten().tolist()
     assert scored[:2000] == list(range(2000)) and set(scored[2000:]) <= eng.eos_ids | set(
         eng.tokenizer.all_special_ids)

@@ -19,7 +19,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import torch
-from conftest import load
+from conftest import load, region, slot_runner
 from test_distribution import SAMPLES, VOCAB, _build, biased_verify, chi_square_p
 
 import specdec_core.speculation.verifier as verifier_module
@@ -198,10 +198,10 @@ def _mask(ids: list[int]) -> torch.Tensor:
 
 def exact_constrained_distribution(model, params: SamplingParams, prompt: list[int]) -> torch.Tensor:
     """P(t1, t2 | prompt) of the target restricted (before warping) to the grammar's tokens."""
-    run = ModelRunner(model, num_slots=VOCAB + 1, max_len=16, vocab_size=VOCAB, quantize="int8")
+    run = slot_runner(model, VOCAB + 1, 16, vocab_size=VOCAB, quantize="int8")
     first = list(ALLOWED_FIRST)
-    p1 = warp(run.forward([ForwardItem(VOCAB, 0, prompt, 1)]), [RowParams(params, allowed=_mask(first))])[0]
-    logits = run.forward([ForwardItem(t, 0, prompt + [t], 1, num_drafts=1) for t in first])
+    p1 = warp(run.forward([ForwardItem(region(VOCAB, 16), 0, prompt, 1)]), [RowParams(params, allowed=_mask(first))])[0]
+    logits = run.forward([ForwardItem(region(t, 16), 0, prompt + [t], 1, num_drafts=1) for t in first])
     p2 = warp(logits, [RowParams(params, allowed=_mask(ALLOWED_FIRST[t])) for t in first])
     joint = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
     for i, t in enumerate(first):

@@ -22,11 +22,12 @@ def default_cache_dir() -> Path:
     return Path(root)
 
 
-def _flag(help: str, *, group: str = "runtime", default_help: str | None = None, minimum: int | None = None) -> dict:
+def _flag(help: str, *, group: str = "runtime", default_help: str | None = None, minimum: float | None = None,
+          maximum: float | None = None) -> dict:
     """``field`` metadata that ``specdec serve`` turns into a flag (``server.cli_flags``).
 
     ``help`` is the --help text; ``default_help`` says what the default means where the value alone
-    would not (``None`` = auto, a factory); ``minimum`` is checked when the flag is parsed, so a bad
+    would not (``None`` = auto, a factory); ``minimum``/``maximum`` are checked when the flag is parsed, so a bad
     value fails with the flag's (or environment variable's) name. Choices come from ``Literal``.
     """
     meta: dict = {"help": help, "group": group}
@@ -34,6 +35,8 @@ def _flag(help: str, *, group: str = "runtime", default_help: str | None = None,
         meta["default_help"] = default_help
     if minimum is not None:
         meta["minimum"] = minimum
+    if maximum is not None:
+        meta["maximum"] = maximum
     return meta
 
 
@@ -84,7 +87,20 @@ class EngineConfig:
         "draft; rows bit-identical alone and batched), packed (one call per layer for the whole step; rows equal "
         "up to rounding), auto = segments on CPU, packed on CUDA"))
     max_num_seqs: int = field(default=8, metadata=_flag("requests decoded together in one batch", minimum=1))
-    max_model_len: int = field(default=2048, metadata=_flag("prompt + completion tokens per request", minimum=1))
+    # None: the model's own context length (max_position_embeddings), lowered to what the KV pool
+    # holds; the engine writes the value it runs with back here (``kv_sizing``).
+    max_model_len: int | None = field(default=None, metadata=_flag(
+        "prompt + completion tokens per request", minimum=2,
+        default_help="the model's own context length, or what the KV cache holds if that is less"))
+    # The KV pool: fixed-size blocks handed out as requests grow (``execution.kv_cache``).
+    block_size: int = field(default=16, metadata=_flag(
+        "tokens per KV cache block (must divide --prefill-chunk-size)", minimum=1))
+    kv_cache_memory: str | None = field(default=None, metadata=_flag(
+        "memory for the KV cache of both models, e.g. 8GiB or 512MiB (CPU; on CUDA it overrides "
+        "--gpu-memory-utilization)", default_help="a quarter of the memory available at start on the CPU"))
+    gpu_memory_utilization: float = field(default=0.9, metadata=_flag(
+        "share of the GPU's memory the engine may fill, weights included; the KV cache gets what the loaded "
+        "models leave of it (CUDA)", minimum=0.01, maximum=1.0))
     # Prompt tokens prefilled per step. Prompts are cut into chunks of this size at fixed offsets
     # (0, C, 2C, ...), so how a prompt is chunked never depends on what else is running. (Not
     # vLLM's --max-num-batched-tokens, a budget for all tokens of a step: hence another name.)
@@ -116,8 +132,13 @@ class EngineConfig:
             raise ValueError(f"unknown speculative_method {self.speculative_method!r}")
         if self.num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens must be >= 0")
-        if self.max_num_seqs < 1 or self.max_model_len < 2 or self.prefill_chunk_size < 1:
+        if self.max_num_seqs < 1 or (self.max_model_len is not None and self.max_model_len < 2) or self.prefill_chunk_size < 1:
             raise ValueError("max_num_seqs, max_model_len and prefill_chunk_size must be positive")
+        if self.block_size < 1 or self.prefill_chunk_size % self.block_size:
+            raise ValueError(f"--prefill-chunk-size ({self.prefill_chunk_size}) must be a multiple of --block-size "
+                             f"({self.block_size}): cached prompt chunks are whole blocks")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("need 1 <= ngram_min <= ngram_max")
         self.cache_dir = Path(self.cache_dir)

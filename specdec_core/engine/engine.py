@@ -31,6 +31,7 @@ from specdec_core.decoding.logprobs import token_logprobs
 from specdec_core.decoding.sampling_params import SamplingParams, outside_vocab
 from specdec_core.decoding.structured_output import StructuredOutput
 from specdec_core.engine.config import EngineConfig, speculation_method
+from specdec_core.engine.kv_sizing import KVSizing, available_memory, parse_size, size_kv
 from specdec_core.engine.outputs import RequestOutput, RequestStats, TokenLogprob
 from specdec_core.engine.request import Request
 from specdec_core.engine.scheduler import Scheduler
@@ -38,6 +39,7 @@ from specdec_core.engine.speculative_step import SpeculativeStep, StepOutcome
 from specdec_core.engine.stats import EngineMetrics
 from specdec_core.engine.step_plan import ScheduledStep
 from specdec_core.execution.hf_types import HFModule
+from specdec_core.execution.kv_cache import BlockPool
 from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.loading.draft_vocab import frequent_token_ids
 from specdec_core.loading.progress_log import phase
@@ -97,13 +99,16 @@ class Engine:
         vocab = check_pair(target, draft) if draft is not None else min(
             len(target.tokenizer), output_vocab_size(target.model))
         self.vocab_size = vocab
-        self.max_model_len = config.max_model_len
         self.num_speculative_tokens = 0 if method == "none" else config.num_speculative_tokens
         self.eos_ids = eos_token_ids(target.model, target.tokenizer)
         param = next(target.model.parameters())
         self.quantize = resolve_quantize(config.quantize, param.device, param.dtype)
+        self.kv = self._size_kv(config, [target.model] + ([draft.model] if draft is not None else []), param.device)
+        self.max_model_len = config.max_model_len = self.kv.max_model_len
+        log.info("%s", self.kv.describe())
+
         def runner(model: HFModule, head_rows: list[int] | None = None) -> ModelRunner:
-            return ModelRunner(model, config.max_num_seqs, config.max_model_len, vocab, self.quantize,
+            return ModelRunner(model, self.kv.num_blocks, self.kv.block_size, self.max_model_len, vocab, self.quantize,
                                release_weights=owns_models, head_rows=head_rows, attention=config.attention)
 
         with phase(log, f"preparing {self.quantize} kernels for the target model"):
@@ -118,13 +123,22 @@ class Engine:
         self.speculative_step = SpeculativeStep(self.target, self.drafter, self.ngram)
         log.info("execution: target %s path, draft %s, quantize=%s", self.target.path,
                  self.draft_runner.path if self.draft_runner else "none", self.quantize)
-        self.scheduler = Scheduler(config.max_num_seqs, config.prefill_chunk_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config.max_num_seqs, config.prefill_chunk_size, BlockPool(self.kv.num_blocks),
+                                   self.kv.block_size, config.enable_prefix_caching)
         self.metrics = EngineMetrics()
         self._seed_rng = torch.Generator().manual_seed(config.seed if config.seed is not None else int(time.time_ns() % 2**31))
         self.costs = self._measure_costs()
         self.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
         self.grammars.warm()
         self.policy = SpeculationPolicy(method, self.costs, config.adaptive_speculation, self.max_model_len, self.ngram)
+
+    def _size_kv(self, config: EngineConfig, models: list[HFModule], device: torch.device) -> KVSizing:
+        """The KV pool from the memory budget (``kv_sizing``): before the runners prepare their
+        kernels, which with ``release_weights`` keep the memory the loaded weights take."""
+        budget = (parse_size(config.kv_cache_memory) if config.kv_cache_memory is not None
+                  else available_memory(device, config.gpu_memory_utilization))
+        return size_kv(models, config.block_size, config.max_num_seqs, self.num_speculative_tokens,
+                       config.max_model_len, budget)
 
     def _measure_costs(self) -> StepCostModel:
         """Time the step shapes this engine can produce (see ``cost_model``); without adaptive
@@ -137,7 +151,7 @@ class Engine:
             return StepCostModel.constant(self.draft_runner is not None)
         with phase(log, "calibrating: timing target and draft steps for the speculation policy"):
             return calibrate(self.target, self.draft_runner, self.config.max_num_seqs,
-                             1 + self.num_speculative_tokens, self.max_model_len)
+                             1 + self.num_speculative_tokens, self.max_model_len, self.kv.block_size)
 
     # ------------------------------------------------------------------ requests in and out
 
@@ -219,11 +233,11 @@ class Engine:
         return self._commit_step(plan, outcome)                               # commit
 
     def _copy_prefixes(self, plan: ScheduledStep) -> None:
-        """Cached prompt prefixes the scheduler handed to admitted requests, copied between slots."""
+        """Cached prompt chunks the scheduler handed to admitted requests, copied between blocks."""
         for c in plan.copies:
-            self.target.cache.copy_prefix(c.src, c.dst, c.length)
-            if self.draft_runner is not None:
-                self.draft_runner.cache.copy_prefix(c.src, c.dst, c.draft_length)
+            self.target.cache.copy_blocks(c.src, c.dst)
+            if self.draft_runner is not None and c.draft:
+                self.draft_runner.cache.copy_blocks(c.src, c.dst)
         self.metrics.prefix_cache_hit_tokens += plan.cached_tokens
 
     def _isolate_failure(self, plan: ScheduledStep, exc: Exception) -> list[RequestOutput]:
@@ -250,13 +264,13 @@ class Engine:
 
     def _commit_step(self, plan: ScheduledStep, outcome: StepOutcome) -> list[RequestOutput]:
         """Where a step moves running requests' state (cache cursors, tokens, stops); admission
-        and slots are the scheduler's."""
+        and blocks are the scheduler's."""
         outputs = []
         for b, it in enumerate(plan.items):
             it.request.num_computed += it.num_new
-            self.scheduler.record_prefill(it.request)
             if outcome.draft_cached[b] is not None:
                 it.request.draft_computed = outcome.draft_cached[b]  # type: ignore[assignment]
+            self.scheduler.record_cached(it.request)
             accepted, final = outcome.accepted[b], outcome.final[b]
             if accepted is None or final is None:
                 continue  # still in prefill
@@ -322,6 +336,7 @@ class Engine:
     def _refresh_gauges(self) -> None:
         m, s = self.metrics, self.scheduler
         m.num_running, m.num_waiting, m.kv_cache_usage = len(s.running), len(s.waiting), s.kv_usage
+        m.num_preemptions = s.num_preemptions
 
     # ------------------------------------------------------------------ offline helper
 

@@ -1,21 +1,25 @@
 """Prompt prefixes already in the KV cache, so a request that repeats one skips its prefill.
 
 Chat apps resend the whole history every turn and agents resend the same files: the first
-prompt chunks of a new request are often the first chunks of an earlier one. A request's cache
-slot keeps its keys and values after it finishes, until the slot is given to another request;
-this index remembers which slot holds which prefix and hands it out (the slot itself when it is
-free, else a copy of its rows: a memory copy instead of a forward).
+prompt chunks of a new request are often the first chunks of an earlier one. A request's blocks
+keep their keys and values after it finishes, until the pool hands them out again; this index
+remembers which blocks hold which prompt chunk. A new request takes a cached chunk's blocks
+where they lie when they are free, and gets a copy of them when their request still runs (a
+memory copy instead of a forward). Blocks are never shared between running requests: every
+block has one writer, so a request's draft catch-up or decoding can never touch another's rows.
 
-Granularity is the prefill chunk (``prefill_chunk_size``): prompts are prefilled in chunks at
-fixed offsets (0, C, 2C, ...), and a chunk's keys and values depend only on the tokens up to its
-end. So the rows of every *full* prompt chunk are exactly the rows a recompute would produce, bit
-for bit on the CPU, and a request that reuses them and prefills the rest in the same chunks gets
-the logits it would get without the cache. (A partial chunk would not do: measured here, an
-attention call's rows change in the last bits with the rows computed beside them.) Rows the
-decoding wrote are never shared, for the same reason.
+Granularity is the prefill chunk (``prefill_chunk_size``, a multiple of the block size): prompts
+are prefilled in chunks at fixed offsets (0, C, 2C, ...), and a chunk's keys and values depend
+only on the tokens up to its end. So the rows of every *full* prompt chunk are exactly the rows a
+recompute would produce, bit for bit on the CPU, and a request that reuses them and prefills the
+rest in the same chunks gets the logits it would get without the cache. (A partial chunk would
+not do: measured here, an attention call's rows change in the last bits with the rows computed
+beside them.) Rows the decoding wrote are never shared, for the same reason.
 
-A prefix is keyed by a hash chain over its chunks (vLLM's block hashes, at chunk size), so one
-lookup per chunk finds the longest cached prefix.
+A chunk is keyed by a hash chain over the prompt up to its end (vLLM's block hashes, at chunk
+size), so one lookup per chunk finds the longest cached prefix. The draft model's rows of a chunk
+live in the same blocks of its own pool; they count only once the holder's draft has computed
+them (``ChunkHit.draft``).
 """
 
 from __future__ import annotations
@@ -23,23 +27,28 @@ from __future__ import annotations
 import hashlib
 from array import array
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 
 @dataclass(frozen=True)
-class PrefixHit:
-    """``length`` tokens of the prompt are cached in ``slot``."""
+class ChunkHit:
+    """Prompt chunk ``i`` of a lookup is cached in ``blocks``; ``draft``: the draft model's rows
+    of it are there too."""
 
-    slot: int
-    length: int
+    blocks: tuple[int, ...]
+    draft: bool
 
 
 class PrefixCache:
-    """Which slot holds which full prompt chunks (one owner: the scheduler)."""
+    """Which blocks hold which full prompt chunks (one owner: the scheduler)."""
 
-    def __init__(self, chunk: int) -> None:
+    def __init__(self, chunk: int, block_size: int) -> None:
+        if chunk % block_size:
+            raise ValueError(f"prefill chunk {chunk} is not a multiple of the block size {block_size}")
         self.chunk = chunk
-        self._slots_by_key: dict[bytes, set[int]] = {}
-        self._keys_by_slot: dict[int, list[bytes]] = {}
+        self.blocks_per_chunk = chunk // block_size
+        self._holders: dict[bytes, dict[tuple[int, ...], bool]] = {}
+        self._chunk_of: dict[int, tuple[bytes, tuple[int, ...]]] = {}
 
     def chunk_keys(self, tokens: list[int], limit: int) -> list[bytes]:
         """The hash chain of the full chunks of ``tokens[:limit]``: key i names chunks 0..i."""
@@ -52,35 +61,48 @@ class PrefixCache:
             keys.append(previous)
         return keys
 
-    def lookup(self, prompt: list[int], prefer: set[int]) -> PrefixHit | None:
+    def lookup(self, prompt: list[int], is_free: Callable[[int], bool]) -> list[ChunkHit]:
         """The longest cached prefix that leaves at least one prompt token to compute (its
-        logits start the answer); among slots holding it, one in ``prefer`` (free slots: no copy)."""
-        keys = self.chunk_keys(prompt, len(prompt) - 1)
-        for i in range(len(keys) - 1, -1, -1):
-            slots = self._slots_by_key.get(keys[i])
-            if slots:
-                best = min(slots & prefer) if slots & prefer else min(slots)
-                return PrefixHit(best, (i + 1) * self.chunk)
-        return None
-
-    def record(self, slot: int, prompt: list[int], computed: int) -> None:
-        """The slot's request has ``computed`` tokens in the cache: its full prompt chunks among
-        them are shareable."""
-        known = self._keys_by_slot.setdefault(slot, [])
-        limit = min(computed, len(prompt))
-        if limit // self.chunk <= len(known):
-            return
-        for key in self.chunk_keys(prompt, limit)[len(known):]:
-            known.append(key)
-            self._slots_by_key.setdefault(key, set()).add(slot)
-
-    def keep_only(self, slot: int, length: int) -> None:
-        """The slot is reused: its first ``length`` tokens stay (a reused prefix), the rest is
-        about to be overwritten."""
-        known = self._keys_by_slot.get(slot, [])
-        for key in known[length // self.chunk:]:
-            holders = self._slots_by_key[key]
-            holders.discard(slot)
+        logits start the answer), chunk by chunk; among holders of a chunk, one whose blocks are
+        free (taken where they lie: no copy), then one with the draft's rows."""
+        hits: list[ChunkHit] = []
+        for key in self.chunk_keys(prompt, len(prompt) - 1):
+            holders = self._holders.get(key)
             if not holders:
-                del self._slots_by_key[key]
-        del known[length // self.chunk:]
+                break
+            best = max(holders.items(), key=lambda h: (all(is_free(b) for b in h[0]), h[1]))
+            hits.append(ChunkHit(*best))
+        return hits
+
+    def record(self, blocks: list[int], prompt: list[int], computed: int, draft_computed: int,
+               recorded: tuple[int, int]) -> tuple[int, int]:
+        """A request with table ``blocks`` has ``computed`` target and ``draft_computed`` draft
+        positions in the cache: register its full prompt chunks among them. ``recorded`` is what
+        was registered before (target and draft chunks); returns the new count."""
+        full = min(computed, len(prompt)) // self.chunk
+        drafted = min(draft_computed, full * self.chunk) // self.chunk
+        if (full, drafted) == recorded:
+            return recorded
+        per = self.blocks_per_chunk
+        for i, key in enumerate(self.chunk_keys(prompt, full * self.chunk)):
+            holder = tuple(blocks[i * per:(i + 1) * per])
+            if i >= recorded[0] or (recorded[1] <= i < drafted):
+                self._holders.setdefault(key, {})[holder] = i < drafted
+                for b in holder:
+                    self._chunk_of[b] = (key, holder)
+        return full, drafted
+
+    def forget(self, blocks: Iterable[int]) -> None:
+        """These blocks are about to be overwritten: the chunks they held are gone from them."""
+        for b in blocks:
+            entry = self._chunk_of.get(b)
+            if entry is None:
+                continue
+            key, holder = entry
+            for other in holder:
+                self._chunk_of.pop(other, None)
+            holders = self._holders.get(key)
+            if holders is not None:
+                holders.pop(holder, None)
+                if not holders:
+                    del self._holders[key]

@@ -58,7 +58,11 @@ class Request:
         self.output_ids: list[int] = []
         self.num_computed = 0
         self.draft_computed = 0
-        self.slot: int | None = None
+        # The KV blocks holding this request's positions (``kv_cache``): the scheduler's, empty
+        # unless the request is running.
+        self.blocks: list[int] = []
+        # Prompt chunks already offered to the prefix cache: the target's and the draft's.
+        self.recorded_chunks = (0, 0)
         self.status = Status.WAITING
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
@@ -115,12 +119,6 @@ class Request:
         return [self.generator.random() for _ in range(count)]
 
     @property
-    def cache_slot(self) -> int:
-        """The cache region of a running request (the scheduler gives one before it is scheduled)."""
-        assert self.slot is not None, f"request {self.request_id} is not running"
-        return self.slot
-
-    @property
     def seeded(self) -> bool:
         """A sampled request with its own seed: its draws, and so its speculation depth, must not
         depend on the batch."""
@@ -138,7 +136,9 @@ class Request:
 
     @property
     def in_prefill(self) -> bool:
-        return self.num_computed < len(self.prompt_ids)
+        """Known tokens are still to be computed in chunks: the prompt, or after a preemption
+        everything but the last token (which a decode step feeds)."""
+        return self.num_computed < len(self.prompt_ids) or self.num_computed < self.num_tokens - 1
 
     @property
     def num_tokens(self) -> int:

@@ -1,15 +1,20 @@
-"""Continuous batching: who runs this step, and how much of whose prompt gets prefilled.
+"""Continuous batching: who runs this step, how much of whose prompt gets prefilled, and which
+KV blocks each request holds.
 
-FCFS. A waiting request is admitted when a cache slot is free (slots are sized from
-``max_num_seqs`` x ``max_model_len``, so a free slot is exactly "capacity allows"). Each step every
-running request in decode gets 1 token (the speculation policy then adds drafts), and up to
-``prefill_chunk`` prompt tokens are prefilled, so a long prompt never stalls running streams.
+FCFS. A waiting request is admitted when a running place is free (``max_num_seqs``) and the
+block pool can hold its prompt (plus a step's drafts). Each step every running request in decode
+gets 1 token (the speculation policy then adds drafts), and up to ``prefill_chunk`` prompt tokens
+are prefilled, so a long prompt never stalls running streams. A request that cannot get the
+blocks its step needs takes them from the most recently admitted request, which is *preempted*:
+its blocks go back to the pool and it waits at the head of the queue, to be recomputed from its
+tokens (vLLM's recompute preemption). The oldest request can always take every block, and the
+pool holds at least one full-length request (checked at start-up), so every request finishes.
 
 Prompts are cut at fixed offsets (0, C, 2C, ...) and a chunk is scheduled whole or not at all:
 how a prompt is chunked, and so the arithmetic of its prefill, never depends on what else is
 running. Together with the batch-invariant forward this keeps a request's logits independent of
 the batch, and it makes every full prompt chunk in the cache reusable by a later request with the
-same prefix (``PrefixCache``): admission hands such a request the slot that holds it, or a copy.
+same prefix (``PrefixCache``): admission hands such a request the blocks that hold it, or a copy.
 """
 
 from __future__ import annotations
@@ -20,18 +25,20 @@ from collections import deque
 from specdec_core.engine.prefix_cache import PrefixCache
 from specdec_core.engine.request import Request, Status
 from specdec_core.engine.step_plan import PrefixCopy, ScheduledRequest, ScheduledStep
-from specdec_core.execution.kv_cache import SlotAllocator
+from specdec_core.execution.kv_cache import BlockPool, blocks_for
 
 
 class Scheduler:
-    def __init__(self, max_num_seqs: int, prefill_chunk: int, prefix_caching: bool = True) -> None:
-        self.slots = SlotAllocator(max_num_seqs)
+    def __init__(self, max_num_seqs: int, prefill_chunk: int, pool: BlockPool, block_size: int,
+                 prefix_caching: bool = True) -> None:
+        self.max_num_seqs = max_num_seqs
         self.prefill_chunk = prefill_chunk
+        self.pool = pool
+        self.block_size = block_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.prefix = PrefixCache(prefill_chunk) if prefix_caching else None
-        # Draft-cache positions a freed slot still holds (its last request's draft_computed).
-        self._draft_held: dict[int, int] = {}
+        self.prefix = PrefixCache(prefill_chunk, block_size) if prefix_caching else None
+        self.num_preemptions = 0
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -41,65 +48,115 @@ class Scheduler:
 
     def schedule(self) -> ScheduledStep:
         step = ScheduledStep()
-        while self.waiting and self.slots.num_free:
+        while self.waiting and len(self.running) < self.max_num_seqs and self._admit(self.waiting[0], step):
             req = self.waiting.popleft()
-            self._admit(req, step)
             req.status = Status.RUNNING
-            req.stats.scheduled_time = time.monotonic()
+            if req.stats.scheduled_time is None:
+                req.stats.scheduled_time = time.monotonic()
             self.running.append(req)
         # Decoding requests first (1 token each, plus drafts the policy adds), then whole prompt
         # chunks while the prefill budget lasts. A chunk that finishes its prompt may carry
         # drafts too, so speculation starts at the first generated token.
-        for req in self.running:
-            if not req.in_prefill:
+        for req in list(self.running):
+            if req in self.running and not req.in_prefill and self._reserve(req, req.num_tokens + req.max_spec_tokens, step):
                 step.items.append(ScheduledRequest(req, 1))
         budget = self.prefill_chunk
-        for req in self.running:
-            if req.in_prefill:
-                chunk_end = min((req.num_computed // self.prefill_chunk + 1) * self.prefill_chunk, req.num_tokens)
-                n = chunk_end - req.num_computed
-                if n > budget:
-                    break  # FCFS: a later prompt does not overtake this one
-                step.items.append(ScheduledRequest(req, n))
-                budget -= n
+        for req in list(self.running):
+            if req not in self.running or not req.in_prefill:
+                continue
+            chunk_end = min((req.num_computed // self.prefill_chunk + 1) * self.prefill_chunk, req.num_tokens)
+            n = chunk_end - req.num_computed
+            if n > budget:
+                break  # FCFS: a later prompt does not overtake this one
+            drafts = req.max_spec_tokens if chunk_end == req.num_tokens else 0
+            if not self._reserve(req, chunk_end + drafts, step):
+                break
+            step.items.append(ScheduledRequest(req, n))
+            budget -= n
         return step
 
-    def _admit(self, req: Request, step: ScheduledStep) -> None:
-        """Give ``req`` a slot: the free one holding its longest cached prefix if there is one
-        (nothing to copy), else the least recently freed one, with the prefix copied from where it
-        is cached. A seeded sampled request takes no draft rows from the cache: the last bits of
-        its draft's distributions, and so its draws, must not depend on what ran before it."""
-        hit = self.prefix.lookup(req.prompt_ids, self.slots.free_slots) if self.prefix is not None else None
-        in_place = hit is not None and hit.slot in self.slots.free_slots
-        req.slot = self.slots.allocate(hit.slot if in_place else None)  # type: ignore[union-attr]
-        if self.prefix is not None:
-            self.prefix.keep_only(req.cache_slot, hit.length if in_place else 0)  # type: ignore[union-attr]
-        if hit is None:
-            return
-        source = next((r for r in self.running if r.slot == hit.slot), None)
-        held = source.draft_computed if source is not None else self._draft_held.get(hit.slot, 0)
-        draft = 0 if req.seeded else min(hit.length, held)
-        req.num_computed = req.stats.cached_tokens = hit.length
-        step.cached_tokens += hit.length
-        req.draft_computed = draft
-        if not in_place:
-            step.copies.append(PrefixCopy(hit.slot, req.cache_slot, hit.length, draft))
+    def _admit(self, req: Request, step: ScheduledStep) -> bool:
+        """Give ``req`` the blocks of its known tokens (and a step's drafts), if the pool has them
+        with one to spare per running request (so that admitting it does not at once preempt
+        it again). Cached prompt chunks come first: their free blocks are taken where they lie,
+        the chunks of running requests are copied. A seeded sampled request takes no draft rows
+        from the cache: the last bits of its draft's distributions, and so its draws, must not
+        depend on what ran before it."""
+        need = blocks_for(req.num_tokens + req.max_spec_tokens, self.block_size)
+        if self.pool.num_free < need + len(self.running):
+            return False
+        hits = self.prefix.lookup(req.prompt_ids, self.pool.is_free) if self.prefix is not None else []
+        in_place = [all(self.pool.is_free(b) for b in h.blocks) for h in hits]
+        for h, here in zip(hits, in_place):
+            if here:
+                self.pool.take(h.blocks)
+        table: list[int] = []
+        for h, here in zip(hits, in_place):
+            if here:
+                table += h.blocks
+                continue
+            new = self._allocate(len(h.blocks), table)
+            step.copies.append(PrefixCopy(h.blocks, tuple(new), h.draft and not req.seeded))
+            table += new
+        table += self._allocate(need - len(table), table)
+        req.blocks = table
+        cached = len(hits) * self.prefill_chunk
+        drafted = next((i for i, h in enumerate(hits) if not h.draft), len(hits)) * self.prefill_chunk
+        req.num_computed = req.stats.cached_tokens = cached
+        req.draft_computed = 0 if req.seeded else drafted
+        step.cached_tokens += cached
+        return True
 
-    def record_prefill(self, req: Request) -> None:
-        """After a step: the request's full prompt chunks now in the cache become shareable."""
-        if self.prefix is not None and req.slot is not None and req.num_computed <= len(req.prompt_ids):
-            self.prefix.record(req.slot, req.prompt_ids, req.num_computed)
+    def _allocate(self, count: int, table: list[int]) -> list[int]:
+        """``count`` blocks continuing ``table``; whatever cached chunk they held is gone."""
+        new = self.pool.allocate(count, after=table[-1] if table else None)
+        if self.prefix is not None:
+            self.prefix.forget(new)
+        return new
+
+    def _reserve(self, req: Request, tokens: int, step: ScheduledStep) -> bool:
+        """Blocks for ``req``'s first ``tokens`` positions, preempting the most recently
+        admitted requests until the pool has them; False when ``req`` itself was preempted."""
+        need = blocks_for(tokens, self.block_size) - len(req.blocks)
+        while need > self.pool.num_free:
+            victim = self.running[-1]
+            self._preempt(victim, step)
+            if victim is req:
+                return False
+        if need > 0:
+            req.blocks += self._allocate(need, req.blocks)
+        return True
+
+    def _preempt(self, req: Request, step: ScheduledStep) -> None:
+        """Free ``req``'s blocks and queue it first, to be recomputed from its tokens."""
+        self.running.remove(req)
+        step.items = [it for it in step.items if it.request is not req]
+        self._release(req)
+        req.num_computed = req.draft_computed = 0
+        req.status = Status.WAITING
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+
+    def _release(self, req: Request) -> None:
+        self.pool.free(req.blocks)
+        req.blocks = []
+        req.recorded_chunks = (0, 0)
+
+    def record_cached(self, req: Request) -> None:
+        """After a step: the request's full prompt chunks now in the cache become reusable."""
+        if self.prefix is not None and req.blocks:
+            req.recorded_chunks = self.prefix.record(req.blocks, req.prompt_ids, req.num_computed,
+                                                     req.draft_computed, req.recorded_chunks)
 
     def remove(self, req: Request) -> None:
-        """Drop a finished or aborted request and free its slot at once."""
+        """Drop a finished or aborted request and free its blocks at once (their prompt chunks
+        stay findable until the blocks are handed out again)."""
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        if req.slot is not None:
-            self._draft_held[req.slot] = min(req.draft_computed, len(req.prompt_ids))
-            self.slots.free(req.slot)
-            req.slot = None
+        if req.blocks:
+            self._release(req)
 
     def find(self, request_id: str) -> Request | None:
         for req in (*self.running, *self.waiting):
@@ -109,4 +166,4 @@ class Scheduler:
 
     @property
     def kv_usage(self) -> float:
-        return self.slots.num_used / self.slots.num_slots
+        return self.pool.num_used / self.pool.num_blocks

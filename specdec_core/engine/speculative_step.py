@@ -149,7 +149,7 @@ class SpeculativeStep:
             known = r.all_ids[r.num_computed:r.num_computed + it.num_new]
             fill_rows += range(row + len(known), row + len(known) + drawn[b])
             fill_src += range(b * k_max, b * k_max + drawn[b])
-            forward.append(ForwardItem(r.cache_slot, r.num_computed, known + looked_up.get(b, [0] * drawn[b]),
+            forward.append(ForwardItem(r.blocks, r.num_computed, known + looked_up.get(b, [0] * drawn[b]),
                                        1 + num[b] if verifying[b] else 0, num_drafts=num[b]))
             row += len(known) + num[b]
             row_start.append(logits_row)

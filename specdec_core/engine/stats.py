@@ -32,7 +32,9 @@ def count_into(histogram: list[int], value: int, count: int = 1) -> None:
 class EngineMetrics:
     num_running: int = 0
     num_waiting: int = 0
-    kv_cache_usage: float = 0.0
+    kv_cache_usage: float = 0.0  # share of the KV pool's blocks held by running requests
+    # Running requests that gave their blocks back to an older one and were recomputed.
+    num_preemptions: int = 0
     total_prompt_tokens: int = 0
     # Prompt tokens taken from the prefix cache instead of being prefilled.
     prefix_cache_hit_tokens: int = 0

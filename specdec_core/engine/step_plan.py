@@ -29,13 +29,12 @@ class ScheduledRequest:
 
 @dataclass(frozen=True)
 class PrefixCopy:
-    """Before the step runs: copy a cached prompt prefix from slot ``src`` into the admitted
-    request's slot ``dst``: ``length`` target positions and ``draft_length`` draft positions."""
+    """Before the step runs: copy a cached prompt chunk from blocks ``src`` (a running request's)
+    into an admitted request's blocks ``dst``; the draft model's rows too where ``draft``."""
 
-    src: int
-    dst: int
-    length: int
-    draft_length: int
+    src: tuple[int, ...]
+    dst: tuple[int, ...]
+    draft: bool
 
 
 @dataclass

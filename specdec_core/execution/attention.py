@@ -2,15 +2,17 @@
 
 - **Segments** (the CPU default): one call per *attention segment*: the known tokens a request
   feeds in a step (its prompt chunk, or its last token) form one segment and every draft token a
-  segment of its own, each reading exactly its request's keys ``[0, position]``. A segment's
+  segment of its own, each reading exactly its request's keys ``[0, position]`` (a slice of the
+  cache where the request's blocks are consecutive, else rows gathered once per request and
+  layer: the same values in the same shapes either way). A segment's
   shapes depend only on its own request, never on the batch, and a draft token is scored by
   exactly the call that would score it if it were decoded alone later: rows are bit-identical
   alone and batched, and verifying k drafts gives the logits k plain decode steps would give.
   (Measured here: a CPU matmul's row changes in the last bits with the number of rows it is
   computed with, so a call shared by rows of several requests could not promise that.)
 - **Packed** (the CUDA default): one call per layer for the whole forward. Every request is a
-  group of up to ``q_max`` query rows over up to ``kv_max`` of its own keys, gathered from its
-  slot, under a causal mask, so a draft row at position p sees keys 0..p as it would alone. On a
+  group of up to ``q_max`` query rows over up to ``kv_max`` of its own keys, gathered through its
+  block table, under a causal mask, so a draft row at position p sees keys 0..p as it would alone. On a
   GPU the step is bound by kernel launches, and this is a constant handful per layer whatever
   the batch; rows equal the segmented ones up to rounding (not bit for bit).
 """
@@ -26,13 +28,17 @@ import torch.nn.functional as F
 @dataclass
 class Segment:
     """One attention call: ``q_len`` packed rows from ``row``, at positions
-    ``kv_len - q_len .. kv_len - 1`` of the slot whose flat cache offset is ``base``."""
+    ``kv_len - q_len .. kv_len - 1`` of a request whose keys start at cache row ``base`` (blocks
+    in one run) or, where ``gather`` is set, sit at those cache rows (position order); segments
+    of one request share ``group`` and so one gather per layer."""
 
     row: int
     q_len: int
     base: int
     kv_len: int
     mask: torch.Tensor | None  # causal mask [q_len, kv_len] for multi-row segments
+    gather: torch.Tensor | None = None  # [>= kv_len] cache rows of the request's positions
+    group: int = -1
 
 
 @dataclass
@@ -53,10 +59,16 @@ def attend_segments(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     ``[T, H, D]``."""
     heads, tokens, head_dim = q.shape
     out = q.new_empty(tokens, heads, head_dim)
+    gathered: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for s in segments:
-        kv = slice(s.base, s.base + s.kv_len)
+        if s.gather is None:
+            k, v = keys[:, s.base:s.base + s.kv_len], values[:, s.base:s.base + s.kv_len]
+        else:
+            if s.group not in gathered:
+                gathered[s.group] = keys.index_select(1, s.gather), values.index_select(1, s.gather)
+            k, v = (t[:, :s.kv_len] for t in gathered[s.group])
         o = F.scaled_dot_product_attention(
-            q[None, :, s.row:s.row + s.q_len], keys[None, :, kv], values[None, :, kv],
+            q[None, :, s.row:s.row + s.q_len], k[None], v[None],
             attn_mask=s.mask, enable_gqa=heads != keys.shape[0])
         out[s.row:s.row + s.q_len] = o[0].transpose(0, 1)
     return out

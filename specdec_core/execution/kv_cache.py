@@ -1,28 +1,40 @@
-"""Preallocated per-request KV regions ("slots") behind the transformers ``Cache`` interface.
+"""Paged KV storage: one pool of fixed-size blocks per model, handed out through block tables.
 
-Each running request owns one slot: a ``max_model_len`` long region in every layer's key and value
-tensors. A forward pass writes each new token's keys/values at its request's own positions and
-reads back the regions of the requests in the batch, packed one after another. Rolling back
-rejected draft tokens is therefore only a matter of lowering the request's length: entries past it
-are masked out and later overwritten. No copy, no recompute.
+A request owns a *block table*, the list of blocks holding its positions in order (position p
+lives in row ``table[p // block_size] * block_size + p % block_size`` of every layer's cache).
+Blocks are allocated as a request grows, so a few long requests and many short ones share one
+pool sized from memory, not ``max_num_seqs x max_model_len``. Rolling back rejected draft tokens
+is still only a matter of lowering the request's length: rows past it are masked out and later
+overwritten. The target's and the draft's pools have the same number of blocks and a request
+uses the same table in both (position p is in the same block of each).
+
+Attention reads a request's keys as one run of rows. Where its table is one run of consecutive
+blocks (the allocator tries hard: see ``BlockPool``) that is a free slice; otherwise the rows are
+gathered, once per request and layer. Either way the attention call sees the same values in the
+same shapes, so a row's result does not depend on where its blocks are (checked bit for bit).
 """
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from transformers.cache_utils import Cache
+
+from specdec_core.execution.hf_types import HFModule
 
 
 @dataclass
 class PackedLayout:
     """Where the tokens of one packed forward go, and which cached entries they attend to.
 
-    Indices are flat row numbers ``slot * max_len + position`` into a layer's cache viewed as
-    ``[heads, num_slots * max_len, head_dim]``, so writing and reading are single
-    ``index_copy_`` / ``index_select`` kernels. ``key_range`` is set when the keys form one
-    contiguous run (a batch of one request): then reading is a free slice.
+    Indices are flat rows into a layer's cache viewed as ``[heads, num_blocks * block_size,
+    head_dim]``, so writing and reading are single ``index_copy_`` / ``index_select`` kernels.
+    ``key_range`` is set when the keys form one contiguous run (a batch of one request whose
+    blocks are consecutive): then reading is a free slice.
     """
 
     tok_index: torch.Tensor
@@ -30,31 +42,66 @@ class PackedLayout:
     key_range: tuple[int, int] | None = None
 
 
-class SlotAllocator:
-    """Hands out cache slots; a finished request's slot is reusable at once.
+def token_rows(blocks: Sequence[int], block_size: int, start: int, stop: int) -> list[int]:
+    """The flat cache rows of positions ``start .. stop - 1`` of a request with table ``blocks``."""
+    rows: list[int] = []
+    p = start
+    while p < stop:
+        offset = p % block_size
+        end = min(stop, p - offset + block_size)
+        base = blocks[p // block_size] * block_size + offset
+        rows.extend(range(base, base + end - p))
+        p = end
+    return rows
 
-    Free slots are handed out least recently freed first: a freed slot still holds its request's
-    prompt (``PrefixCache``), and the longer it stays unused the less likely that is wanted."""
 
-    def __init__(self, num_slots: int) -> None:
-        self.num_slots = num_slots
-        self._free = list(range(num_slots))
+def contiguous_base(blocks: Sequence[int], block_size: int, length: int) -> int | None:
+    """The first row of positions ``0 .. length - 1`` when they are one run of rows, else None."""
+    if length <= 0:
+        return None
+    n = math.ceil(length / block_size)
+    first = blocks[0]
+    if list(blocks[:n]) != list(range(first, first + n)):  # compared in C: long tables are checked every forward
+        return None
+    return first * block_size
 
-    def allocate(self, slot: int | None = None) -> int | None:
-        """The least recently freed slot, or ``slot`` (which must be free)."""
-        if slot is not None:
-            self._free.remove(slot)
-            return slot
-        return self._free.pop(0) if self._free else None
 
-    def free(self, slot: int) -> None:
-        if slot in self._free:
-            raise RuntimeError(f"slot {slot} freed twice")
-        self._free.append(slot)
+def blocks_for(tokens: int, block_size: int) -> int:
+    return math.ceil(tokens / block_size)
 
-    @property
-    def free_slots(self) -> set[int]:
-        return set(self._free)
+
+def region(i: int, length: int, block_size: int) -> list[int]:
+    """The block table of the ``i``-th of equal runs of blocks holding ``length`` positions each:
+    how benchmarks and tests that place requests by hand (no scheduler) address a pool of
+    ``n * blocks_for(length, block_size)`` blocks."""
+    per = blocks_for(length, block_size)
+    return list(range(i * per, (i + 1) * per))
+
+
+def kv_bytes_per_token(model: HFModule) -> int:
+    """Bytes one position takes in a model's cache (keys and values of every layer), in the
+    model's own dtype, which is the cache's (``ModelRunner``)."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    itemsize = next(model.parameters()).element_size()
+    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * itemsize
+
+
+class BlockPool:
+    """Which blocks are free, and which to hand out next (one owner: the scheduler).
+
+    A request's keys are read as a slice when its blocks are consecutive, and gathered (a copy per
+    layer and step) when not, so the allocator keeps tables in runs: a request grows into the
+    block after its last one when that is free, and a new run starts where it leaves the most room
+    (the middle of the longest free run when a request's run ends just before it, so that one
+    can still grow). Among equals, the least recently freed block goes first: a freed block still
+    holds its request's prompt (``PrefixCache``), and the longer it is unused the less likely that
+    is wanted."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
 
     @property
     def num_free(self) -> int:
@@ -62,31 +109,68 @@ class SlotAllocator:
 
     @property
     def num_used(self) -> int:
-        return self.num_slots - len(self._free)
+        return self.num_blocks - len(self._free)
+
+    def is_free(self, block: int) -> bool:
+        return block in self._free
+
+    def allocate(self, count: int, after: int | None = None) -> list[int]:
+        """``count`` free blocks, continuing the run that ends at block ``after`` where possible."""
+        if count > len(self._free):
+            raise RuntimeError(f"{count} blocks asked of a pool with {len(self._free)} free")
+        out: list[int] = []
+        for _ in range(count):
+            block = after + 1 if after is not None and after + 1 in self._free else self._run_start()
+            del self._free[block]
+            out.append(block)
+            after = block
+        return out
+
+    def take(self, blocks: Sequence[int]) -> None:
+        """Hand out these free blocks (a cached prefix reused where it lies)."""
+        for b in blocks:
+            del self._free[b]
+
+    def free(self, blocks: Sequence[int]) -> None:
+        for b in blocks:
+            if b in self._free:
+                raise RuntimeError(f"block {b} freed twice")
+            self._free[b] = None
+
+    def _run_start(self) -> int:
+        """Where a new run of blocks should start (see the class docstring)."""
+        best_len, best_start, best_after_used = 0, -1, False
+        start, length = -1, 0
+        for b in range(self.num_blocks + 1):
+            if b < self.num_blocks and b in self._free:
+                if length == 0:
+                    start = b
+                length += 1
+                continue
+            if length > best_len:
+                best_len, best_start, best_after_used = length, start, start > 0
+            length = 0
+        if best_start < 0:
+            raise RuntimeError("no free block")
+        return best_start + best_len // 2 if best_after_used and best_len > 1 else best_start
 
 
-class SlotKVCache(Cache):
-    """KV storage of one model: ``[kv_heads, num_slots * max_len, head_dim]`` per layer.
+class PagedKVCache(Cache):
+    """KV storage of one model: ``[kv_heads, num_blocks * block_size, head_dim]`` per layer.
 
     Heads first, so both the rows written and the rows read back are ``[heads, tokens, dim]``
     blocks that attention consumes without a transposing copy (several times faster on CPU).
     """
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_slots: int,
-        num_kv_heads: int,
-        head_dim: int,
-        max_len: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
         super().__init__(layers=[])
-        shape = (num_kv_heads, num_slots * max_len, head_dim)
+        shape = (num_kv_heads, num_blocks * block_size, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.max_len = max_len
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.device = device
         self.layout: PackedLayout | None = None
 
     @property
@@ -96,10 +180,10 @@ class SlotKVCache(Cache):
     def update(  # type: ignore[override]
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the new tokens' K/V at their positions; return the batch's packed prefixes."""
+        """Write the new tokens' K/V at their rows; return the batch's packed prefixes."""
         lay = self.layout
         if lay is None:
-            raise RuntimeError("SlotKVCache used outside ModelRunner.forward")
+            raise RuntimeError("PagedKVCache used outside ModelRunner.forward")
         out = []
         for cache, states in ((self.keys[layer_idx], key_states), (self.values[layer_idx], value_states)):
             cache.index_copy_(1, lay.tok_index, states[0].to(cache.dtype))  # states: [1, heads, tokens, dim]
@@ -111,14 +195,15 @@ class SlotKVCache(Cache):
         return out[0], out[1]
 
     @torch.inference_mode()
-    def copy_prefix(self, src: int, dst: int, length: int) -> None:
-        """Copy the first ``length`` positions of slot ``src`` into slot ``dst`` (a cached prompt
-        prefix handed to another request): a memory copy instead of a forward."""
-        if length <= 0 or src == dst:
+    def copy_blocks(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        """Copy whole blocks ``src[i]`` into ``dst[i]`` (a cached prompt prefix handed to another
+        request): a memory copy instead of a forward."""
+        if not src:
             return
-        a, b = src * self.max_len, dst * self.max_len
+        src_rows = torch.tensor(token_rows(src, self.block_size, 0, len(src) * self.block_size), device=self.device)
+        dst_rows = torch.tensor(token_rows(dst, self.block_size, 0, len(dst) * self.block_size), device=self.device)
         for cache in (*self.keys, *self.values):
-            cache[:, b:b + length].copy_(cache[:, a:a + length])
+            cache.index_copy_(1, dst_rows, cache.index_select(1, src_rows))
 
     def get_seq_length(self, layer_idx: int = 0) -> int:  # type: ignore[override]
         # Positions are always passed explicitly; this is only consulted when they are not.

@@ -24,7 +24,7 @@ from specdec_core.execution.attention import PackedAttention, Segment
 from specdec_core.execution.gguf_weights import attach_block_weights, detach_block_weights, prepare_block_linears
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.host_upload import HostUpload, Ref
-from specdec_core.execution.kv_cache import PackedLayout, SlotKVCache
+from specdec_core.execution.kv_cache import PackedLayout, PagedKVCache, contiguous_base, token_rows
 from specdec_core.execution.linear_kernels import Quantize, prepare_linears
 from specdec_core.execution.native_llama import Batch, NativeLlama, supports_native
 
@@ -41,7 +41,9 @@ class ForwardPlan:
 
     refs: dict[str, Ref]
     num_logits: int
-    segments: list[tuple[int, int, int, int]] | None = None  # native, segmented: row, q_len, base, kv_len
+    # native, segmented: row, q_len, base, kv_len, group (index into ``gathers`` or -1: a slice)
+    segments: list[tuple[int, int, int, int, int]] | None = None
+    gathers: list[Ref] | None = None  # native, segmented: cache rows of requests not in one run
     packed_shape: tuple[int, int, int] | None = None  # native, packed: groups, rows and keys per group
     key_range: tuple[int, int] | None = None  # transformers path, one request: its contiguous keys
 
@@ -50,13 +52,14 @@ class ForwardPlan:
 class ForwardItem:
     """One request's part of a batched forward.
 
-    ``start`` is how many of its tokens are already cached; ``tokens`` are fed at positions
+    ``blocks`` is its block table (``kv_cache``), covering every position fed; ``start`` is how
+    many of its tokens are already cached; ``tokens`` are fed at positions
     ``start..start+len(tokens)-1``; logits are returned for the last ``num_logits`` of them. The
     last ``num_drafts`` tokens are speculative: each is attended on its own, exactly as if it were
     decoded alone (see ``native_llama``).
     """
 
-    slot: int
+    blocks: list[int]
     start: int
     tokens: list[int]
     num_logits: int
@@ -66,10 +69,12 @@ class ForwardItem:
 class ModelRunner:
     """Owns a model and its KV cache; turns ragged batches into one packed forward."""
 
-    def __init__(self, model: HFModule, num_slots: int, max_len: int, vocab_size: int,
+    def __init__(self, model: HFModule, num_blocks: int, block_size: int, max_len: int, vocab_size: int,
                  quantize: Quantize = "none", release_weights: bool = False,
                  head_rows: list[int] | None = None, attention: Attention = "auto") -> None:
-        """``release_weights``: the runner owns ``model`` and may free the original weights it
+        """``num_blocks`` x ``block_size``: the KV pool (``kv_cache``); ``max_len``: the longest
+        request (positions the rotary table covers).
+        ``release_weights``: the runner owns ``model`` and may free the original weights it
         has copied into prepared kernels (halves peak memory); leave it off for shared models.
         ``head_rows``: score only these token ids (``draft_vocab``); every other logit is -inf,
         so whatever is sampled from the logits has probability 0 outside them."""
@@ -80,8 +85,8 @@ class ModelRunner:
         self.dtype = param.dtype
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        self.cache = SlotKVCache(
-            cfg.num_hidden_layers, num_slots, kv_heads, head_dim, max_len, self.dtype, self.device
+        self.cache = PagedKVCache(
+            cfg.num_hidden_layers, num_blocks, block_size, kv_heads, head_dim, self.dtype, self.device
         )
         self.vocab_size = vocab_size
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
@@ -137,16 +142,16 @@ class ModelRunner:
     def _token_refs(self, items: list[ForwardItem], upload: HostUpload) -> tuple[dict[str, Ref], int]:
         """What every forward needs, whichever path: token ids, positions, the flat cache rows
         they are written to, and the rows whose logits come back (and how many)."""
-        max_len = self.cache.max_len
+        bs = self.cache.block_size
         ids: list[int] = []
         pos: list[int] = []
         write: list[int] = []
         logit_rows: list[int] = []
         for it in items:
-            n, base, row = len(it.tokens), it.slot * max_len, len(ids)
+            n, row = len(it.tokens), len(ids)
             ids += it.tokens
             pos += range(it.start, it.start + n)
-            write += range(base + it.start, base + it.start + n)
+            write += token_rows(it.blocks, bs, it.start, it.start + n)
             logit_rows += range(row + n - it.num_logits, row + n)
         refs = {"ids": upload.ints(ids), "pos": upload.ints(pos), "write": upload.ints(write),
                 "logit_rows": upload.ints(logit_rows)}
@@ -158,25 +163,33 @@ class ModelRunner:
         if self.attention == "packed":
             self._plan_packed_attention(items, upload, plan)
         else:
-            plan.segments = self._segments(items)
+            plan.segments, plan.gathers = self._segments(items, upload)
         return plan
 
-    def _segments(self, items: list[ForwardItem]) -> list[tuple[int, int, int, int]]:
+    def _segments(self, items: list[ForwardItem], upload: HostUpload) -> tuple[list[tuple[int, int, int, int, int]], list[Ref]]:
         """A request's known tokens form one attention segment and every draft one of its own:
-        a draft is scored by exactly the call that would score it if it were decoded alone."""
-        segments, row, max_len = [], 0, self.cache.max_len
+        a draft is scored by exactly the call that would score it if it were decoded alone. A
+        request whose blocks are not one run gets its rows gathered (once per layer)."""
+        segments: list[tuple[int, int, int, int, int]] = []
+        gathers: list[Ref] = []
+        row, bs = 0, self.cache.block_size
         for it in items:
-            known, base = len(it.tokens) - it.num_drafts, it.slot * max_len
-            segments.append((row, known, base, it.start + known))
-            segments += [(row + known + j, 1, base, it.start + known + j + 1) for j in range(it.num_drafts)]
+            end = it.start + len(it.tokens)
+            base, group = contiguous_base(it.blocks, bs, end), -1
+            if base is None:
+                base, group = 0, len(gathers)
+                gathers.append(upload.ints(token_rows(it.blocks, bs, 0, end)))
+            known = len(it.tokens) - it.num_drafts
+            segments.append((row, known, base, it.start + known, group))
+            segments += [(row + known + j, 1, base, it.start + known + j + 1, group) for j in range(it.num_drafts)]
             row += len(it.tokens)
-        return segments
+        return segments, gathers
 
     def _plan_packed_attention(self, items: list[ForwardItem], upload: HostUpload, plan: ForwardPlan) -> None:
         """One attention call per layer: every request is a group of up to ``q_max`` rows over
         up to ``kv_max`` of its own keys, under a causal mask (a draft row at position p sees
         keys 0..p, as when decoded alone). Padding rows see key 0 and are never read back."""
-        max_len = self.cache.max_len
+        bs = self.cache.block_size
         q_max = max(len(it.tokens) for it in items)
         kv_max = max(it.start + len(it.tokens) for it in items)
         q_gather: list[int] = []
@@ -185,10 +198,11 @@ class ModelRunner:
         out_rows: list[int] = []
         row = 0
         for g, it in enumerate(items):
-            n, base = len(it.tokens), it.slot * max_len
+            n = len(it.tokens)
+            keys = token_rows(it.blocks, bs, 0, it.start + n)
             q_gather += [row + min(i, n - 1) for i in range(q_max)]
             q_pos += [it.start + i if i < n else 0 for i in range(q_max)]
-            k_gather += [base + min(j, max_len - 1) for j in range(kv_max)]
+            k_gather += keys + [keys[0]] * (kv_max - len(keys))  # padding keys are masked out
             out_rows += range(g * q_max, g * q_max + n)
             row += n
         plan.refs.update(q_gather=upload.ints(q_gather), q_pos=upload.ints(q_pos),
@@ -205,8 +219,10 @@ class ModelRunner:
             batch.packed = PackedAttention(upload[r["q_gather"]], upload[r["k_gather"]], mask[:, None],
                                            upload[r["out_rows"]], groups, q_max, kv_max)
         else:
-            batch.segments = [Segment(row, q_len, base, kv_len, self._causal(q_len, kv_len))
-                              for row, q_len, base, kv_len in plan.segments or []]
+            gathers = [upload[ref] for ref in plan.gathers or []]
+            batch.segments = [Segment(row, q_len, base, kv_len, self._causal(q_len, kv_len),
+                                      gathers[group] if group >= 0 else None, group)
+                              for row, q_len, base, kv_len, group in plan.segments or []]
         return batch
 
     def _causal(self, q_len: int, kv_len: int) -> torch.Tensor | None:
@@ -217,17 +233,18 @@ class ModelRunner:
 
     def _plan_packed(self, items: list[ForwardItem], upload: HostUpload) -> ForwardPlan:
         """The generic path: one packed sequence under a block-causal mask (its indices)."""
-        max_len = self.cache.max_len
+        bs = self.cache.block_size
         refs, num_logits = self._token_refs(items, upload)
         keys: dict[str, list[int]] = {"tok_seq": [], "key_index": [], "key_pos": [], "key_seq": []}
         for i, it in enumerate(items):
-            end, base = it.start + len(it.tokens), it.slot * max_len
+            end = it.start + len(it.tokens)
             keys["tok_seq"] += [i] * len(it.tokens)
-            keys["key_index"] += range(base, base + end)
+            keys["key_index"] += token_rows(it.blocks, bs, 0, end)
             keys["key_pos"] += range(end)
             keys["key_seq"] += [i] * end
         index = keys["key_index"]
-        key_range = (index[0], index[0] + len(index)) if len(items) == 1 else None
+        base = contiguous_base(items[0].blocks, bs, len(index)) if len(items) == 1 else None
+        key_range = (base, base + len(index)) if base is not None else None
         if len(items) == 1:  # one request: every key is its own, no sequence mask
             del keys["tok_seq"], keys["key_seq"]
         refs.update({name: upload.ints(values) for name, values in keys.items()})

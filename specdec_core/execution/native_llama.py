@@ -12,7 +12,7 @@ Python overhead. Here:
   where that keeps every row bit-identical alone and batched and a verified draft equal to the
   same token decoded alone; one call per layer for the whole forward on CUDA.
 
-K/V are written in place into the request's slot of ``SlotKVCache``.
+K/V are written in place into the request's blocks of ``PagedKVCache``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from specdec_core.execution.attention import PackedAttention, Segment, attend_packed, attend_segments
 from specdec_core.execution.gguf_weights import block_linear
 from specdec_core.execution.hf_types import HFModule
-from specdec_core.execution.kv_cache import SlotKVCache
+from specdec_core.execution.kv_cache import PagedKVCache
 from specdec_core.execution.linear_kernels import PreparedLinear, Quantize, prepare_linear
 
 NATIVE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -51,7 +51,7 @@ class Batch:
 
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
-    write_index: torch.Tensor  # [T] flat cache rows (slot * max_len + position)
+    write_index: torch.Tensor  # [T] flat cache rows (through each request's block table)
     logit_rows: torch.Tensor  # rows whose logits are returned
     segments: list[Segment] | None = None
     packed: PackedAttention | None = None
@@ -97,7 +97,7 @@ class DecoderLayer(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, batch: Batch, cos: torch.Tensor, sin: torch.Tensor,
                 keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """``keys``/``values``: this layer's cache ``[kv_heads, slots * max_len, head_dim]``."""
+        """``keys``/``values``: this layer's cache ``[kv_heads, blocks * block_size, head_dim]``."""
         heads, kv_heads, head_dim = self.shape.heads, self.shape.kv_heads, self.shape.head_dim
         tokens = x.shape[0]
         qkv = self.qkv(self.input_norm(x))
@@ -145,7 +145,7 @@ class NativeLlama(torch.nn.Module):
         self.cos, self.sin = _rope_table(base.rotary_emb, max_len, self.embed)
 
     @torch.inference_mode()
-    def forward(self, batch: Batch, cache: SlotKVCache) -> torch.Tensor:
+    def forward(self, batch: Batch, cache: PagedKVCache) -> torch.Tensor:
         """Hidden states of ``batch.logit_rows`` after the final norm, projected to logits."""
         x = F.embedding(batch.input_ids, self.embed)
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]

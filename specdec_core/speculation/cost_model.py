@@ -112,50 +112,65 @@ class StepCostModel:
 
 
 def calibrate(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_tokens_per_seq: int,
-              max_len: int) -> StepCostModel:
-    """Time the step shapes this engine can produce, on its own runners (uses their caches' slots;
-    every slot is overwritten by the next prefill, so nothing leaks into requests)."""
+              max_len: int, block_size: int) -> StepCostModel:
+    """Time the step shapes this engine can produce, on its own runners (writes into free blocks
+    of their pools before any request runs; no prefix is recorded for them, so nothing leaks
+    into requests)."""
     context = max(min(CALIBRATION_CONTEXT, max_len - max_tokens_per_seq - 1), 0)
     t0 = time.perf_counter()
     runners = [target] + ([draft] if draft is not None else [])
+    tables = _tables(target, max_seqs, context + max_tokens_per_seq, block_size)
     if context:
         for runner in runners:
-            for slot in range(max_seqs):
-                runner.forward([ForwardItem(slot, 0, [1] * context, 1)])
-    target_table = _time_target(target, max_seqs, max_tokens_per_seq, context)
-    draft_table = _time_draft(draft, max_seqs, context) if draft is not None else None
+            for table in tables:
+                runner.forward([ForwardItem(table, 0, [1] * context, 1)])
+    target_table = _time_target(target, tables, max_tokens_per_seq, context)
+    draft_table = _time_draft(draft, tables, context) if draft is not None else None
     model = StepCostModel(target_table, draft_table)
     log.info("step costs measured in %.1f s: %s", time.perf_counter() - t0, model.describe())
     return model
 
 
-def _time_target(runner: ModelRunner, max_seqs: int, per_seq: int, context: int) -> CostTable:
+def _tables(runner: ModelRunner, max_seqs: int, tokens: int, block_size: int) -> list[list[int]]:
+    """A block table of ``tokens`` positions per calibration request: consecutive blocks, as a
+    request gets them on an idle pool (requests share tables where the pool is too small for
+    all: the timing is the same)."""
+    per = -(-tokens // block_size)
+    fit = max(runner.cache.num_blocks // per, 1)
+    return [list(range((s % fit) * per, (s % fit + 1) * per)) for s in range(max_seqs)]
+
+
+def _time_target(runner: ModelRunner, tables: list[list[int]], per_seq: int, context: int) -> CostTable:
     """A step of n tokens is laid out as the engine would: up to ``max_seqs`` requests, each 1
     known token followed by drafts."""
+    max_seqs = len(tables)
     sizes = _grid(max_seqs * per_seq)
     seconds = []
     for n in sizes:
         seqs = min(max_seqs, n)
         lengths = [n // seqs + (1 if s < n % seqs else 0) for s in range(seqs)]
-        items = [ForwardItem(s, context, [1] * m, m, num_drafts=m - 1) for s, m in enumerate(lengths)]
+        items = [ForwardItem(tables[s], context, [1] * m, m, num_drafts=m - 1) for s, m in enumerate(lengths)]
         seconds.append(_median_seconds(runner, items))
     return CostTable(sizes, seconds)
 
 
-def _time_draft(runner: ModelRunner, max_seqs: int, context: int) -> CostTable:
-    sizes = _grid(max_seqs)
-    seconds = [_median_seconds(runner, [ForwardItem(s, context, [1], 1) for s in range(n)]) for n in sizes]
+def _time_draft(runner: ModelRunner, tables: list[list[int]], context: int) -> CostTable:
+    sizes = _grid(len(tables))
+    seconds = [_median_seconds(runner, [ForwardItem(tables[s], context, [1], 1) for s in range(n)]) for n in sizes]
     return CostTable(sizes, seconds)
 
 
 def _median_seconds(runner: ModelRunner, items: list[ForwardItem]) -> float:
+    cuda = runner.device.type == "cuda"
     runner.forward(items)  # warm-up: first calls of a shape allocate
     times = []
     for _ in range(CALIBRATION_REPEATS):
+        if cuda:  # time the device's work, not the launches: nothing queued before, all of it done after
+            torch.cuda.synchronize(runner.device)
         t0 = time.perf_counter()
         runner.forward(items)
-        if runner.device.type == "cuda":
-            torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize(runner.device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

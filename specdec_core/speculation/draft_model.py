@@ -79,7 +79,7 @@ class DraftModelProposer:
             if j == 0:
                 fwd = [self._catch_up(items[b], 1) for b in act] + [self._catch_up(items[b], 0) for b in mirrored]
             else:  # the token drawn at j - 1 is fed at the position after the cached ones
-                fwd = [ForwardItem(items[b].request.cache_slot, items[b].request.num_computed + items[b].num_new + j - 1,
+                fwd = [ForwardItem(items[b].request.blocks, items[b].request.num_computed + items[b].num_new + j - 1,
                                    [0], 1) for b in act]
             if not fwd:
                 break
@@ -132,5 +132,5 @@ class DraftModelProposer:
     @staticmethod
     def _catch_up(item: ScheduledRequest, num_logits: int) -> ForwardItem:
         r = item.request
-        return ForwardItem(r.cache_slot, r.draft_computed, r.all_ids[r.draft_computed:r.num_computed + item.num_new], num_logits)
+        return ForwardItem(r.blocks, r.draft_computed, r.all_ids[r.draft_computed:r.num_computed + item.num_new], num_logits)
 

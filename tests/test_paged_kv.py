@@ -1,0 +1,80 @@
+"""The paged KV pool: sized from memory, shared by long and short requests, and never the reason a
+request fails: a request that cannot get blocks preempts a younger one, which is recomputed."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import load
+
+from specdec_core import Engine, EngineConfig, SamplingParams
+from specdec_core.engine.kv_sizing import parse_size
+from specdec_core.execution.kv_cache import BlockPool, contiguous_base, token_rows
+
+# The tiny pair: target 2 layers + draft 1 layer, 2 KV heads of 16 dims, fp32.
+BYTES_PER_TOKEN = (2 + 1) * 2 * 2 * 16 * 4
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_target, tiny_draft):
+    return load(tiny_target), load(tiny_draft, role="draft")
+
+
+def make(pair, **kw) -> Engine:
+    config = EngineConfig(speculative_method="draft", num_speculative_tokens=3, adaptive_speculation=False, seed=0,
+                          quantize="int8", **kw)
+    return Engine.from_loaded(config, pair[0], pair[1])
+
+
+def test_block_tables_address_rows_in_runs():
+    assert token_rows([4, 1], 4, 2, 7) == [18, 19, 4, 5, 6]
+    assert contiguous_base([3, 4, 9], 4, 8) == 12 and contiguous_base([3, 4, 9], 4, 9) is None
+    pool = BlockPool(12)
+    a = pool.allocate(3)
+    assert a == [0, 1, 2]
+    b = pool.allocate(2)  # a new run starts mid-way into the free space, leaving room to grow
+    assert b == [7, 8]
+    assert pool.allocate(2, after=a[-1]) == [3, 4]  # growth continues the run
+    pool.free(a)
+    with pytest.raises(RuntimeError, match="twice"):
+        pool.free(a[:1])
+
+
+def test_sizes_parse():
+    assert parse_size("8GiB") == 8 * 2**30 and parse_size("512 MB") == 512 * 2**20 and parse_size("4096") == 4096
+    with pytest.raises(ValueError, match="memory size"):
+        parse_size("lots")
+
+
+def test_max_model_len_defaults_to_the_model_context(pair):
+    eng = make(pair)
+    assert eng.max_model_len == 4096 and eng.config.max_model_len == 4096  # the tiny models' max_position_embeddings
+    assert eng.kv.num_blocks * eng.kv.block_size >= 4096
+
+
+def test_a_pool_that_cannot_hold_one_request_is_refused_or_the_default_lowered(pair):
+    with pytest.raises(ValueError, match="--kv-cache-memory"):
+        make(pair, max_model_len=1024, kv_cache_memory=str(512 * BYTES_PER_TOKEN))
+    eng = make(pair, kv_cache_memory=str(512 * BYTES_PER_TOKEN))
+    assert eng.max_model_len == 512 - 3  # what the pool holds, less a step's drafts
+
+
+def test_a_prompt_longer_than_the_old_default_context(pair):
+    """3,000 prompt tokens: past the 2,048 every slot used to reserve."""
+    eng = make(pair)
+    prompt = [3 + (i * 7919) % 40000 for i in range(3000)]
+    out = eng.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))[0]
+    assert len(out.token_ids) == 8
+
+
+def test_requests_that_outgrow_the_pool_preempt_and_all_finish_as_alone(pair):
+    """Six requests in a pool that holds about two of them at full length: the younger ones are
+    preempted, recomputed from their tokens, and every one ends with the tokens it gets alone."""
+    prompts = [[3 + (s * 131 + i * 17) % 40000 for i in range(20 + s)] for s in range(6)]
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    roomy = make(pair, max_model_len=128)
+    want = [roomy.generate([p], params)[0].token_ids for p in prompts]
+    tight = make(pair, max_model_len=128, max_num_seqs=6, kv_cache_memory=str(176 * BYTES_PER_TOKEN))
+    got = tight.generate(prompts, params)
+    assert tight.metrics.num_preemptions > 0
+    assert [c.token_ids for c in got] == want
+    assert tight.scheduler.pool.num_free == tight.scheduler.pool.num_blocks
