@@ -21,6 +21,7 @@ LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 # The default --max-prompt-chars per token of context: tokens average about 4 characters, and even
 # runs of spaces or symbols rarely reach 16, so a longer prompt cannot fit and is not tokenized.
 PROMPT_CHARS_PER_TOKEN = 64
+UNRESOLVED_MAX_MODEL_LEN = 32768  # for the prompt size guard before an engine has resolved its context
 
 
 def _flag(help: str, **extra: object) -> dict[str, object]:
@@ -90,7 +91,9 @@ class ServerSettings:
         """``max_prompt_chars``, or by default a size no prompt that fits the context comes near."""
         if self.max_prompt_chars is not None:
             return self.max_prompt_chars
-        return PROMPT_CHARS_PER_TOKEN * self.engine.max_model_len
+        # The engine resolves a default --max-model-len at start and writes it back into its
+        # config; only a server without a real engine (tests' stand-in) still has None here.
+        return PROMPT_CHARS_PER_TOKEN * (self.engine.max_model_len or UNRESOLVED_MAX_MODEL_LEN)
 
     # -- the HTTP edge: who may address the server, and how long a client may take (issue 13) --
     allowed_hosts: str | None = field(default=None, metadata=_flag(
