@@ -78,3 +78,38 @@ def test_requests_that_outgrow_the_pool_preempt_and_all_finish_as_alone(pair):
     assert tight.metrics.num_preemptions > 0
     assert [c.token_ids for c in got] == want
     assert tight.scheduler.pool.num_free == tight.scheduler.pool.num_blocks
+
+
+def open_webui_tools(count: int = 36) -> list[dict]:
+    """Tool definitions the size of Open WebUI's built-in ones (their number and wordiness)."""
+    text = ("Searches the user's notes, chats, files and knowledge bases for passages related to the query "
+            "and returns titles, snippets and links; use it when the user asks about something they saved. ")
+    return [{"type": "function", "function": {
+        "name": f"search_knowledge_{i}", "description": text * 2,
+        "parameters": {"type": "object", "required": ["query"], "properties": {
+            "query": {"type": "string", "description": "what to look for, in the user's own words"},
+            "count": {"type": "integer", "description": "how many results to return, 1 to 20"},
+            "collection": {"type": "string", "description": "which knowledge base to search, by name or id"}}}}}
+        for i in range(count)]
+
+
+@pytest.mark.slow
+def test_an_open_webui_sized_prompt_is_served_with_default_settings(smol_gguf, tmp_path):
+    """Open WebUI sends ~7,000 tokens (its 36 built-in tools); with the context no longer capped
+    at 2,048 by per-slot reservations, a server started without --max-model-len answers it."""
+    import openai
+    from server_helpers import ServerProcess
+
+    srv = ServerProcess(["--model", str(smol_gguf), "--served-model-name", "smol", "--speculative-method", "ngram",
+                         "--device", "cpu", "--max-num-seqs", "2"], tmp_path / "server.log")
+    try:
+        srv.wait_ready(timeout=600)  # the first load converts the GGUF (cached for the run)
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+        out = client.chat.completions.create(
+            model="smol", tools=open_webui_tools(), max_tokens=8, temperature=0,
+            messages=[{"role": "system", "content": "You are a helpful assistant. " * 20},
+                      {"role": "user", "content": "What is the capital of France?"}])
+    finally:
+        srv.terminate()
+    assert out.usage.prompt_tokens > 6000
+    assert out.choices[0].finish_reason in ("stop", "length", "tool_calls")
