@@ -5,9 +5,9 @@ The pool is sized from memory, not from ``max_num_seqs x max_model_len``: on CUD
 weights included), on the CPU from ``--kv-cache-memory`` (default: a quarter of the memory
 available when the engine starts, after the weights are loaded). A position costs the keys and
 values of every layer of both models (``kv_bytes_per_token``). The pool never grows past what
-every running place at full length would need, and it must hold one full-length request: a
-``--max-model-len`` that does not fit is refused; the default (the model's own context length)
-is lowered to what fits, and the log says so.
+every running place at full length would need (and admission's spare block each), and it must
+hold one full-length request: a ``--max-model-len`` that does not fit is refused; the default
+(the model's own context length) is lowered to what fits, and the log says so.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def size_kv(models: list[HFModule], block_size: int, max_num_seqs: int, lookahea
     contexts = [c for c in (model_context(m) for m in models) if c]
     max_len = max_model_len or (min(contexts) if contexts else FALLBACK_CONTEXT)
     per_request = blocks_for(max_len + lookahead, block_size)
-    num_blocks = min(budget // (per_token * block_size), max_num_seqs * per_request)
+    # Every place at full length, plus the block per running request admission keeps spare.
+    num_blocks = min(budget // (per_token * block_size), max_num_seqs * (per_request + 1))
     if num_blocks < per_request:
         fits = num_blocks * block_size - lookahead
         if max_model_len is not None or fits < 2:
