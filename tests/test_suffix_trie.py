@@ -150,10 +150,22 @@ def test_the_global_cache_keeps_its_token_budget_by_evicting_the_oldest():
     assert SuffixCache(6, 0).add([1, 2, 3]) is None and len(SuffixCache(6, 0)) == 0
 
 
-def _request(ids: list[int], *, seed: int | None = None, temperature: float = 0.0) -> Request:
+def _request(ids: list[int], *, seed: int | None = None, temperature: float = 0.0, k: int = 4) -> Request:
     params = SamplingParams(max_tokens=10, temperature=temperature, seed=seed)
-    return Request("r", ids, params, random.Random(0), None, 4,  # type: ignore[arg-type]
+    return Request("r", ids, params, random.Random(0), None, k,  # type: ignore[arg-type]
                    suffix=SuffixIndex(8))
+
+
+def test_a_request_without_speculation_does_not_feed_the_global_trie():
+    proposer = SuffixProposer(depth=8, cache_tokens=1000)
+    off = _request([50, 51], k=0)
+    off.output_ids = [1, 2, 3, 4]
+    proposer.retire(off)
+    assert len(proposer.cache) == 0 and proposer.lookup(_request([9, 1, 2]), 2) == []
+    on = _request([50, 51])
+    on.output_ids = [1, 2, 3, 4]
+    proposer.retire(on)
+    assert len(proposer.cache) == 1 and proposer.lookup(_request([9, 1, 2]), 2) == [3, 4]
 
 
 def test_seeded_requests_never_look_in_the_global_trie():

@@ -64,6 +64,8 @@ class SuffixProposer:
 
     def retire(self, req: Request) -> None:
         """A finished request's output joins the global trie (the oldest outputs leave it when the
-        budget is full)."""
-        if req.output_ids:
+        budget is full). A request that turned speculation off (``speculative: false``, k = 0)
+        neither reads nor feeds it: its text never steers another request's proposals, and a
+        benchmark's 'off' arm cannot hand the 'on' arm the very output it is about to write."""
+        if req.output_ids and req.max_spec_tokens > 0:
             self.cache.add(req.output_ids)
