@@ -62,7 +62,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import httpx
-
 from benchmark.baselines import run_baselines
 from benchmark.modes import BASELINES, MODES, NEEDS_DRAFT
 from benchmark.paired import PairedRow, print_paired, run_paired
@@ -200,25 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.pairing == "same":
         paired = _run_same_server(args, workloads, servers, details, notes)
     elif args.spawn:
-        for mode in args.modes:
-            if mode in NEEDS_DRAFT and args.model and not args.draft_model:
-                notes.append(f"{mode} mode skipped: --model given without --draft-model")
-                log(notes[-1])
-                continue
-            server = SpawnedServer(mode, args, out_dir)
-            try:
-                server.start()
-                server.wait_ready(args.startup_timeout)
-                model, method = asyncio.run(server_info(server.url, args))
-                servers[mode] = {"cmd": server.cmd, "model": model, "method": method}
-                mode_rows, mode_details = asyncio.run(bench_server(server.url, mode, {}, model, workloads, args))
-                rows += mode_rows
-                details += mode_details
-            except (RuntimeError, httpx.HTTPError) as exc:
-                notes.append(f"{mode} server failed: {exc}")
-                log(notes[-1])
-            finally:
-                server.stop()
+        rows += _each_spawned(args, args.modes, servers, details, notes, lambda url, mode, model: asyncio.run(
+            bench_server(url, mode, {}, model, workloads, args)))
     else:
         model, method = asyncio.run(server_info(args.url, args))
         log(f"server at {args.url} serves {model!r} with speculative method {method!r}")
@@ -227,9 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             if mode == "off":
                 extra: dict = {"speculative": False}
             elif method == mode:
-                extra = {}
-                if args.num_speculative_tokens is not None:
-                    extra["num_speculative_tokens"] = args.num_speculative_tokens
+                extra = _on_extra(args)
             else:
                 notes.append(f"{mode} mode skipped: the server at {args.url} runs method {method!r} (its method is "
                              f"fixed at start; restart it with --speculative-method {mode}, or use --spawn)")
@@ -300,7 +280,6 @@ def _on_extra(args) -> dict:
 
 def _run_same_server(args, workloads, servers: dict, details: list, notes: list) -> list[PairedRow]:
     """Each speculating mode on vs off on one server (spawned per mode, or the one at --url)."""
-    rows: list[PairedRow] = []
     if not args.spawn:
         model, method = asyncio.run(server_info(args.url, args))
         log(f"server at {args.url} serves {model!r} with speculative method {method!r}: {method} vs off")
@@ -308,9 +287,16 @@ def _run_same_server(args, workloads, servers: dict, details: list, notes: list)
         cells, unit_details = asyncio.run(run_paired(args.url, method or "on", _on_extra(args), model, workloads, args))
         details += unit_details
         return cells
-    for mode in args.modes:
-        if mode == "off":
-            continue  # measured beside every other mode
+    modes = [m for m in args.modes if m != "off"]  # off is measured beside every other mode
+    return _each_spawned(args, modes, servers, details, notes, lambda url, mode, model: asyncio.run(
+        run_paired(url, mode, _on_extra(args), model, workloads, args)))
+
+
+def _each_spawned(args, modes: list[str], servers: dict, details: list, notes: list, measure) -> list:
+    """One spawned server per mode, measured by ``measure(url, mode, model) -> (rows, details)``
+    and stopped; a server that fails becomes a note."""
+    rows: list = []
+    for mode in modes:
         if mode in NEEDS_DRAFT and args.model and not args.draft_model:
             notes.append(f"{mode} mode skipped: --model given without --draft-model")
             log(notes[-1])
@@ -321,9 +307,9 @@ def _run_same_server(args, workloads, servers: dict, details: list, notes: list)
             server.wait_ready(args.startup_timeout)
             model, method = asyncio.run(server_info(server.url, args))
             servers[mode] = {"cmd": server.cmd, "model": model, "method": method}
-            cells, unit_details = asyncio.run(run_paired(server.url, mode, _on_extra(args), model, workloads, args))
-            rows += cells
-            details += unit_details
+            mode_rows, mode_details = measure(server.url, mode, model)
+            rows += mode_rows
+            details += mode_details
         except (RuntimeError, httpx.HTTPError) as exc:
             notes.append(f"{mode} server failed: {exc}")
             log(notes[-1])

@@ -7,13 +7,13 @@ import random
 
 import pytest
 import torch
-from conftest import load
 
+from conftest import load
 from specdec_core import Engine, EngineConfig, SamplingParams
-from specdec_core.speculation.cost_model import CostTable, StepCostModel
 from specdec_core.engine.request import Request
 from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.speculation.acceptance import expected_tokens
+from specdec_core.speculation.cost_model import CostTable, StepCostModel
 from specdec_core.speculation.ngram_index import NgramIndex
 from specdec_core.speculation.policy import SpeculationPolicy
 

@@ -9,7 +9,6 @@ import random
 from collections import Counter
 
 import pytest
-import torch
 
 from specdec_core.decoding.sampling_params import SamplingParams
 from specdec_core.engine.request import Request
@@ -129,7 +128,7 @@ def test_the_global_cache_keeps_its_token_budget_by_evicting_the_oldest():
     cache = SuffixCache(depth=6, budget=50)
     rng = random.Random(9)
     added: list[list[int]] = []
-    for i in range(40):
+    for _ in range(40):
         seq = [rng.randrange(50) for _ in range(rng.randrange(1, 20))]
         cache.add(seq)
         added.append(seq)

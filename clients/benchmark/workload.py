@@ -133,7 +133,7 @@ async def run_level(
     async def worker() -> None:
         while todo:
             i = todo.pop(0)
-            results += await run_workload(client, workloads[i % len(workloads)], model, args, extra)
+            results.extend(await run_workload(client, workloads[i % len(workloads)], model, args, extra))
             bar.update(1)
 
     start = time.perf_counter()

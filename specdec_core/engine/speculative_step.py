@@ -26,8 +26,8 @@ from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.execution.host_upload import HostUpload, Ref
 from specdec_core.execution.model_runner import ForwardItem, ForwardPlan, ModelRunner
 from specdec_core.speculation import verifier
-from specdec_core.speculation.draft_model import DraftModelProposer, DraftPlan
 from specdec_core.speculation.acceptance import Source
+from specdec_core.speculation.draft_model import DraftModelProposer, DraftPlan
 from specdec_core.speculation.policy import LookupProposer
 
 
