@@ -1,22 +1,33 @@
 #!/usr/bin/env python3
-"""Benchmark specdec: speculation off vs draft model vs n-gram vs auto, against same-run baselines and peers.
+"""Benchmark specdec: speculation off vs draft model vs n-gram vs suffix vs auto, against same-run
+baselines and peers.
+
+By default (``--pairing same``) every speculating mode is measured against speculation off *on
+the same server*: off is the per-request extension ``"speculative": false``, the prompts are cut
+into units that run in a random order, each unit in both arms back to back in a random order, and
+each cell reports on/off with a bootstrap 95% interval over its units (``benchmark/paired.py``).
+``--pairing separate`` is the older design: one server per mode, off included, minutes apart.
 
 Two ways to point it at a server:
 
-    # start one server per speculation mode (off = --speculative-method none), measure, stop it
+    # start one server per speculation mode, measure it on vs off, stop it
     python clients/bench.py --spawn --model path/to/target --draft-model path/to/draft
-    python clients/bench.py --spawn                       # the embedded default pair (Qwen2.5-Coder 1.5B + 0.5B)
+    python clients/bench.py --spawn --modes ngram,suffix,auto --kinds agentic,code_edit --concurrency 1
     python clients/bench.py --spawn --quick --model SmolLM2-135M-Instruct.Q4_1.gguf --max-model-len 1024
 
-    # a server that is already running: its --speculative-method is fixed, so only "off" (sent as the
-    # per-request extension "speculative": false) and the server's own method can be measured
+    # a server that is already running: its --speculative-method is fixed, so only its own method
+    # (on vs off) can be measured
     python clients/bench.py --url http://127.0.0.1:8000
 
     # beside either: any other OpenAI-compatible server on the same prompts, e.g. llama.cpp's
     # llama-server started by you (docs/benchmarks.md, "Against llama.cpp"); rows are named peer:NAME
     python clients/bench.py --spawn --peer llama.cpp-md=http://127.0.0.1:8081
 
-For every (mode, prompt kind, concurrency) it streams the prompt set of clients/prompts.json with
+Kinds: code_edit, open and chat from clients/prompts.json; agentic: multi-turn coding-agent sessions
+from clients/agentic.json (every turn re-sends the history and asks for the file again as a tool
+call; ``--agentic-max-tokens`` per turn).
+
+With ``--pairing separate``, for every (mode, prompt kind, concurrency) it streams the prompt set with
 httpx (a closed loop of ``concurrency`` workers) and reports output tokens/s, time to first token
 (TTFT) p50/p99, inter-token latency (ITL: the gap between consecutive streamed chunks, as a client
 sees it; a chunk carries several tokens when drafts were accepted) p50/p99, time per output token
@@ -51,9 +62,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import httpx
-
 from benchmark.baselines import run_baselines
 from benchmark.modes import BASELINES, MODES, NEEDS_DRAFT
+from benchmark.paired import PairedRow, print_paired, run_paired
 from benchmark.progress import log
 from benchmark.report import Row, add_comparisons, machine_info, print_table, write_chart
 from benchmark.servers import SpawnedServer
@@ -69,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--url", default=None, help="base URL of a running server (default http://127.0.0.1:8000)")
     where.add_argument("--spawn", action="store_true", help="start one server per mode on free loopback ports")
+    p.add_argument("--pairing", choices=("same", "separate"), default="same",
+                   help="same: each mode on vs off on one server, interleaved, ratios with bootstrap intervals "
+                        "(default); separate: one server per mode, off included")
 
     g = p.add_argument_group("models (--spawn and baselines)")
     g.add_argument("--model", default=None, help="target: HF dir, cached hub id or .gguf (default: embedded pair)")
@@ -90,12 +104,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     w.add_argument("--peer", action="append", default=[], metavar="[NAME=]URL",
                    help="another OpenAI-compatible server to measure on the same workload after ours "
                         "(repeatable); its rows are named peer:NAME and compared with our 'off'")
-    w.add_argument("--kinds", default=",".join(KINDS), help="comma list of code_edit,open,chat")
+    w.add_argument("--kinds", default=",".join(KINDS), help="comma list of " + ",".join(KINDS))
     w.add_argument("--concurrency", default="1,4,16", help="comma list of concurrency levels")
     w.add_argument("--num-prompts", type=int, default=None, help="prompts per kind (default: all 10)")
     w.add_argument("--requests-per-level", type=int, default=None,
                    help="requests per (mode, kind, concurrency) (default: max(num prompts, concurrency))")
     w.add_argument("--max-tokens", type=int, default=128)
+    w.add_argument("--agentic-max-tokens", type=int, default=256, help="max_tokens of each agentic turn")
     w.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     w.add_argument("--seed", type=int, default=0, help="per-request seed when sampling")
     w.add_argument("--num-speculative-tokens", type=int, default=None, help="k (server default when unset)")
@@ -111,7 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     o.add_argument("--tag", default="", help="appended to the file names")
     o.add_argument("--no-chart", action="store_true")
     o.add_argument("--quick", action="store_true",
-                   help="2 prompts per kind, 32 tokens, concurrency 1,4 (unless set explicitly)")
+                   help="2 prompts per kind, 32 tokens (agentic turns 96), concurrency 1,4 (unless set explicitly)")
 
     args = p.parse_args(argv)
     given = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:]) if a.startswith("--")}
@@ -122,6 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.max_tokens = 32
         if "--concurrency" not in given:
             args.concurrency = "1,4"
+        if "--agentic-max-tokens" not in given:
+            args.agentic_max_tokens = 96
     if not args.spawn and args.url is None:
         args.url = "http://127.0.0.1:8000"
     args.modes = _csv(args.modes, MODES, "--modes")
@@ -178,26 +195,12 @@ def main(argv: list[str] | None = None) -> int:
         f"max_tokens {args.max_tokens}, {'greedy' if greedy else f'temperature {args.temperature}'}, "
         f"{n_levels} levels per mode")
 
-    if args.spawn:
-        for mode in args.modes:
-            if mode in NEEDS_DRAFT and args.model and not args.draft_model:
-                notes.append(f"{mode} mode skipped: --model given without --draft-model")
-                log(notes[-1])
-                continue
-            server = SpawnedServer(mode, args, out_dir)
-            try:
-                server.start()
-                server.wait_ready(args.startup_timeout)
-                model, method = asyncio.run(server_info(server.url, args))
-                servers[mode] = {"cmd": server.cmd, "model": model, "method": method}
-                mode_rows, mode_details = asyncio.run(bench_server(server.url, mode, {}, model, workloads, args))
-                rows += mode_rows
-                details += mode_details
-            except (RuntimeError, httpx.HTTPError) as exc:
-                notes.append(f"{mode} server failed: {exc}")
-                log(notes[-1])
-            finally:
-                server.stop()
+    paired: list[PairedRow] = []
+    if args.pairing == "same":
+        paired = _run_same_server(args, workloads, servers, details, notes)
+    elif args.spawn:
+        rows += _each_spawned(args, args.modes, servers, details, notes, lambda url, mode, model: asyncio.run(
+            bench_server(url, mode, {}, model, workloads, args)))
     else:
         model, method = asyncio.run(server_info(args.url, args))
         log(f"server at {args.url} serves {model!r} with speculative method {method!r}")
@@ -206,9 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             if mode == "off":
                 extra: dict = {"speculative": False}
             elif method == mode:
-                extra = {}
-                if args.num_speculative_tokens is not None:
-                    extra["num_speculative_tokens"] = args.num_speculative_tokens
+                extra = _on_extra(args)
             else:
                 notes.append(f"{mode} mode skipped: the server at {args.url} runs method {method!r} (its method is "
                              f"fixed at start; restart it with --speculative-method {mode}, or use --spawn)")
@@ -245,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
             log(notes[-1])
 
     add_comparisons(rows, details, greedy)
-    print_table(rows)
+    if rows:
+        print_table(rows)
+    if paired:
+        print_paired(paired)
     for n in notes:
         print(f"note: {n}")
 
@@ -253,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "meta": {**machine_info(args), "args": {k: v for k, v in vars(args).items() if k != "api_key"},
                  "servers": servers},
         "rows": [asdict(r) for r in rows],
+        "paired": [asdict(r) for r in paired],
         "notes": notes,
         "requests": details,
     }
@@ -266,7 +271,51 @@ def main(argv: list[str] | None = None) -> int:
         write_chart(rows, png_path, f"specdec bench {stamp}: {model_name}, max_tokens {args.max_tokens}, "
                                     f"{'greedy' if greedy else f'T={args.temperature}'}")
         print(f"wrote {png_path}")
-    return 0 if rows and not any(r.failed for r in rows) else 1
+    return 0 if (rows or paired) and not any(r.failed for r in [*rows, *paired]) else 1
+
+
+def _on_extra(args) -> dict:
+    return {} if args.num_speculative_tokens is None else {"num_speculative_tokens": args.num_speculative_tokens}
+
+
+def _run_same_server(args, workloads, servers: dict, details: list, notes: list) -> list[PairedRow]:
+    """Each speculating mode on vs off on one server (spawned per mode, or the one at --url)."""
+    if not args.spawn:
+        model, method = asyncio.run(server_info(args.url, args))
+        log(f"server at {args.url} serves {model!r} with speculative method {method!r}: {method} vs off")
+        servers["url"] = {"url": args.url, "model": model, "method": method}
+        cells, unit_details = asyncio.run(run_paired(args.url, method or "on", _on_extra(args), model, workloads, args))
+        details += unit_details
+        return cells
+    modes = [m for m in args.modes if m != "off"]  # off is measured beside every other mode
+    return _each_spawned(args, modes, servers, details, notes, lambda url, mode, model: asyncio.run(
+        run_paired(url, mode, _on_extra(args), model, workloads, args)))
+
+
+def _each_spawned(args, modes: list[str], servers: dict, details: list, notes: list, measure) -> list:
+    """One spawned server per mode, measured by ``measure(url, mode, model) -> (rows, details)``
+    and stopped; a server that fails becomes a note."""
+    rows: list = []
+    for mode in modes:
+        if mode in NEEDS_DRAFT and args.model and not args.draft_model:
+            notes.append(f"{mode} mode skipped: --model given without --draft-model")
+            log(notes[-1])
+            continue
+        server = SpawnedServer(mode, args, Path(args.out))
+        try:
+            server.start()
+            server.wait_ready(args.startup_timeout)
+            model, method = asyncio.run(server_info(server.url, args))
+            servers[mode] = {"cmd": server.cmd, "model": model, "method": method}
+            mode_rows, mode_details = measure(server.url, mode, model)
+            rows += mode_rows
+            details += mode_details
+        except (RuntimeError, httpx.HTTPError) as exc:
+            notes.append(f"{mode} server failed: {exc}")
+            log(notes[-1])
+        finally:
+            server.stop()
+    return rows
 
 
 if __name__ == "__main__":

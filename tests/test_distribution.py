@@ -86,6 +86,11 @@ def draw(target, draft, params: SamplingParams, quantize: str, method: str = "dr
     # Every request drafts both tokens on its first step; a meaningful share must be rejected,
     # and some must be fully accepted (bonus token), or the test would not cover every branch.
     m = eng.metrics
+    if method == "suffix":
+        # Every request's first step drafts two tokens from its own trie; later requests also
+        # find earlier requests' outputs in the global trie, which wins some second steps.
+        assert eng.suffix is not None and len(eng.suffix.cache) > SAMPLES // 2
+        assert m.draft_tokens_by_source["suffix"] > 2 * SAMPLES, m.draft_tokens_by_source
     if method == "auto":
         # A first token that occurs in the prompt makes the second step an n-gram lookup (one-hot q)
         # batched beside draft-model rows: both kinds of q go through one verification.
@@ -93,7 +98,8 @@ def draw(target, draft, params: SamplingParams, quantize: str, method: str = "dr
     assert m.total_draft_tokens >= 2 * SAMPLES
     # (auto: lookups that mostly miss pull the overall rate down; their rejections are the point)
     # (a draft head over half the vocabulary misses often too)
-    assert (0.05 if method == "auto" or draft_vocab_size else 0.2) < m.acceptance_rate < 0.9, m.acceptance_rate
+    assert (0.05 if method in ("auto", "suffix") or draft_vocab_size else 0.2) < m.acceptance_rate < 0.9, \
+        m.acceptance_rate
     assert m.accepted_histogram[0] > 0 and m.accepted_histogram[2] > 0
     return counts
 
@@ -145,6 +151,21 @@ def test_auto_mixes_lookup_and_draft_rows_and_keeps_the_distribution(tiny_vocab_
     prompt = list(range(2, 12))  # distinct tokens: most first tokens recur in it, so lookups hit
     probs = exact_two_token_distribution(target.model, params, "int8", prompt)
     assert chi_square_p(draw(target, draft, params, "int8", method="auto", prompt=prompt), probs) > 1e-3
+
+
+@pytest.mark.slow
+def test_suffix_lookups_keep_the_distribution_and_the_test_would_see_a_bias(tiny_vocab_pair, monkeypatch):
+    """One-hot q from the request's own trie and from other requests' outputs (the global trie):
+    the same verification as n-gram, so the same exactness, with its negative control."""
+    target, draft = tiny_vocab_pair
+    params = SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True)
+    prompt = [3, 7, 14, 13, 3, 7]  # "3 7" was followed by "14 13": two drafts on the first step
+    probs = exact_two_token_distribution(target.model, params, "int8", prompt)
+    # The target draws "14 13" about a third of the time: acceptance, rejection and bonus all occur.
+    assert 0.1 < probs[14 * VOCAB + 13] < 0.9
+    assert chi_square_p(draw(target, draft, params, "int8", method="suffix", prompt=prompt), probs) > 1e-3
+    monkeypatch.setattr(verifier_module, "verify", biased_verify)
+    assert chi_square_p(draw(target, draft, params, "int8", method="suffix", prompt=prompt), probs) < 1e-3
 
 
 @pytest.mark.slow

@@ -77,14 +77,37 @@ def test_draft_greedy_equals_target_only(pairs, arch, k, quantize):
 
 @pytest.mark.parametrize("quantize", MODES)
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_ngram_greedy_equals_target_only(pairs, k, quantize):
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_lookup_greedy_equals_target_only(pairs, method, k, quantize):
     pair = pairs["llama"]
     prompts = PROMPTS + ["a b c d a b c d a b c d a b"]
     alone = [c.token_ids for c in engine(pair, "none", quantize=quantize).generate(prompts, GREEDY)]
-    spec = engine(pair, "ngram", k, quantize=quantize)
+    spec = engine(pair, method, k, quantize=quantize)
     assert run_staggered(spec, prompts, GREEDY, every=1) == alone
+    first = spec.metrics.accepted_tokens_by_source.get(method, 0)
+    # Suffix: the second round also finds the first round's outputs in the global trie.
     assert [c.token_ids for c in spec.generate(prompts, GREEDY)] == alone
     assert spec.metrics.total_draft_tokens > 0
+    if method == "suffix":
+        second = spec.metrics.accepted_tokens_by_source["suffix"] - first
+        assert second > first and len(spec.suffix.cache) == 2 * len(prompts)  # type: ignore[union-attr]
+
+
+def test_suffix_proposals_from_other_requests_keep_greedy_output(pairs):
+    """A prompt with nothing to copy from itself: only the global trie (an earlier request's
+    output) can propose, and greedy output stays the target's."""
+    pair = pairs["llama"]
+    prompt = [5, 9, 14, 3]  # no token repeats
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    alone = engine(pair, "none").generate([prompt], params)[0].token_ids
+    spec = engine(pair, "suffix", 4, suffix_cache_tokens=4096)
+    assert spec.generate([prompt], params)[0].token_ids == alone
+    own_only = spec.metrics.accepted_tokens_by_source.get("suffix", 0)
+    again = spec.generate([prompt], params)[0]
+    assert again.token_ids == alone
+    # All but the first token of the repeat follow the earlier output's continuation.
+    assert spec.metrics.accepted_tokens_by_source["suffix"] - own_only >= len(alone) // 2
+    assert again.stats.verify_steps < len(alone) // 2
 
 
 def test_request_joining_mid_flight_matches_alone(pairs):

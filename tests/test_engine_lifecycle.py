@@ -36,7 +36,7 @@ def test_cache_returns_to_zero_after_many_rejections(pair):
     assert not eng.scheduler.running and not eng.scheduler.waiting
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("method", ["draft", "ngram", "suffix"])
 def test_failure_after_the_target_forward_is_retried_per_request(pair, method, monkeypatch):
     """A batched step that raises after the target forward (here: in verification, once) must
     leave every request as it was, so the per-request retry continues exactly where it stood:

@@ -7,13 +7,13 @@ import random
 
 import pytest
 import torch
-from conftest import load
 
+from conftest import load
 from specdec_core import Engine, EngineConfig, SamplingParams
-from specdec_core.speculation.cost_model import CostTable, StepCostModel
 from specdec_core.engine.request import Request
 from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.speculation.acceptance import expected_tokens
+from specdec_core.speculation.cost_model import CostTable, StepCostModel
 from specdec_core.speculation.ngram_index import NgramIndex
 from specdec_core.speculation.policy import SpeculationPolicy
 
@@ -32,6 +32,17 @@ class RepeatLookup:
 
     def lookup(self, req: Request, k: int) -> list[int]:
         return [self.token] * k
+
+
+class ShortLookup(RepeatLookup):
+    """A lookup that finds at most ``found`` tokens."""
+
+    def __init__(self, token: int, found: int) -> None:
+        super().__init__(token)
+        self.found = found
+
+    def lookup(self, req: Request, k: int) -> list[int]:
+        return [self.token] * min(k, self.found)
 
 
 def brute_force_lookup(ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -68,7 +79,7 @@ def request(alpha: float, *, seed: int | None = None, temperature: float = 0.0, 
 
 def plan(requests: list[Request], costs: StepCostModel = CPU_COSTS, method: str = "draft") -> list[int]:
     items = [ScheduledRequest(r, 1) for r in requests]
-    policy = SpeculationPolicy(method, costs, adaptive=True, max_model_len=512, ngram=RepeatLookup(5))  # type: ignore[arg-type]
+    policy = SpeculationPolicy(method, costs, adaptive=True, max_model_len=512, lookups={"ngram": RepeatLookup(5)})  # type: ignore[dict-item]
     policy.plan(items)
     return [it.num_drafts for it in items]
 
@@ -115,9 +126,44 @@ def test_auto_prefers_a_free_lookup_with_good_acceptance():
     req = request(0.8, source="ngram")
     req.acceptance["draft"].successes, req.acceptance["draft"].trials = 30.0, 100.0
     items = [ScheduledRequest(req, 1)]
-    SpeculationPolicy("auto", CPU_COSTS, True, 512, RepeatLookup(9)).plan(items)  # type: ignore[arg-type]
+    SpeculationPolicy("auto", CPU_COSTS, True, 512, {"ngram": RepeatLookup(9)}).plan(items)  # type: ignore[dict-item]
     assert items[0].source == "ngram"
     assert items[0].num_drafts == 4
+
+
+def _auto(req: Request, lookups: dict) -> ScheduledRequest:
+    items = [ScheduledRequest(req, 1)]
+    SpeculationPolicy("auto", CPU_COSTS, True, 512, lookups).plan(items)
+    return items[0]
+
+
+def test_auto_picks_the_suffix_lookup_where_it_pays_more():
+    req = request(0.5, source="ngram")
+    req.acceptance["suffix"].successes, req.acceptance["suffix"].trials = 90.0, 100.0
+    lookups = {"ngram": RepeatLookup(9), "suffix": RepeatLookup(8)}
+    assert (_auto(req, lookups).source, _auto(req, lookups).num_drafts) == ("suffix", 4)
+    # The same acceptance, but the suffix trie is only confident of one token: n-gram's 4 pay more.
+    short = {"ngram": RepeatLookup(9), "suffix": ShortLookup(8, 1)}
+    req.acceptance["ngram"].successes = 90.0
+    assert _auto(req, short).source == "ngram"
+    # No lookup found anything: the draft model.
+    assert _auto(req, {"ngram": ShortLookup(9, 0), "suffix": ShortLookup(8, 0)}).source == "draft"
+
+
+def test_auto_retries_a_lookup_it_gave_up_on():
+    """A few missed lookups take a lookup's estimate below the draft model's value; without its
+    relaxation back to the prior, auto kept the draft model for the rest of the request even
+    where the text had become copyable (issue 23: n-gram alone 1.5x auto on code_edit)."""
+    req = request(0.8)
+    for _ in range(4):
+        req.stats.verify_steps += 1
+        req.learn("ngram", 0, 4)
+    lookups = {"ngram": RepeatLookup(9)}
+    assert _auto(req, lookups).source == "draft"
+    req.stats.verify_steps += 12  # twelve passes on the draft model
+    assert _auto(req, lookups).source == "ngram"
+    # The estimate itself is unchanged until the lookup verifies again; the draft never relaxes.
+    assert req.acceptance["ngram"].alpha < 0.2 and req.alpha("draft") == pytest.approx(0.8)
 
 
 def test_observed_steps_rescale_the_live_costs_only():

@@ -62,12 +62,14 @@ def test_greedy_constrained_output_is_identical_with_speculation_and_valid(pair)
     for c in off:
         assert c.finish_reason == "stop", c.text
         jsonschema.validate(json.loads(c.text), SCHEMA)
-    for method in ("draft", "ngram", "auto"):
+    for method in ("draft", "ngram", "suffix", "auto"):
         eng = engine(pair, method)
         assert [c.token_ids for c in eng.generate(PROMPTS, params)] == [c.token_ids for c in off], method
         # alone (a batch of one) too: masks depend on nothing but the request's own tokens
         assert eng.generate(PROMPTS[:1], params)[0].token_ids == off[0].token_ids
-        if method != "ngram":
+        if method == "suffix":  # the second run finds the first run's outputs in the global trie
+            assert eng.metrics.accepted_tokens_by_source.get("suffix", 0) > 0
+        if method not in ("ngram", "suffix"):
             assert eng.metrics.total_accepted_tokens > 0, method
 
 
@@ -148,6 +150,15 @@ def test_ngram_lookups_are_cut_where_the_grammar_rejects_them(pair):
     req.all_ids = list(req.prompt_ids) + opening + [0] + opening[:2]
     req.ngram.lookup(req.all_ids, 0)
     assert NgramProposer.lookup(req, 8) == []  # after '{"' a second '{"colour"...' cannot follow
+
+
+def test_suffix_lookups_are_cut_where_the_grammar_rejects_them(pair):
+    eng = engine(pair, "suffix")
+    req = eng.make_request("x", SamplingParams(structured=StructuredOutput(json_schema=SCHEMA)))
+    opening = eng.tokenizer.encode('{"colour": "red"', add_special_tokens=False)
+    req.all_ids = list(req.prompt_ids) + opening + [0] + opening[:2]
+    assert eng.suffix.proposal(req, 8).tokens[:2] == opening[2:4]  # the trie itself proposes the repeat
+    assert eng.suffix.lookup(req, 8) == []  # the grammar cuts it: a second '{"colour"...' cannot follow
 
 
 def test_logit_bias_and_min_tokens_hold_under_speculation(pair):

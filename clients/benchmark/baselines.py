@@ -103,6 +103,8 @@ def run_baselines(args, workloads: dict[str, list[Workload]]) -> tuple[list[Row]
                 max_new_tokens=4, do_sample=False, eos_token_id=eos, pad_token_id=pad,
                 temperature=None, top_p=None, top_k=None), **extra_for(name))
         for kind, wls in workloads.items():
+            if kind == "agentic":  # sessions build each turn from the server's answers: servers only
+                continue
             results: list[RequestResult] = []
             bar = progress(len(wls), f"{name:>16} {kind:<9} c=1")
             t0 = time.perf_counter()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-MODES = ("off", "draft", "ngram", "auto")
+MODES = ("off", "draft", "ngram", "suffix", "auto")
 BASELINES = ("hf", "hf_assisted", "hf_prompt_lookup")
-MODE_TO_METHOD = {"off": "none", "draft": "draft", "ngram": "ngram", "auto": "auto"}
+MODE_TO_METHOD = {"off": "none", "draft": "draft", "ngram": "ngram", "suffix": "suffix", "auto": "auto"}
 NEEDS_DRAFT = ("draft", "auto")

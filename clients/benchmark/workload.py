@@ -14,26 +14,28 @@ from typing import Any
 import httpx
 from httpx_sse import aconnect_sse  # SSEError is an httpx.HTTPError
 
+from .agentic import load_sessions, run_session
 from .progress import log, progress
 from .report import Row, fmt, summarize
 from .results import RequestResult
 
 PROMPTS_FILE = Path(__file__).resolve().parent.parent / "prompts.json"
-KINDS = ("code_edit", "open", "chat")
+KINDS = ("code_edit", "open", "chat", "agentic")
 
 
 @dataclass
 class Workload:
     kind: str
     index: int
-    prompt: Any  # str for completions, a list of messages for chat
+    prompt: Any  # str for completions, a list of messages for chat, a session (dict) for agentic
 
 
 def load_workloads(kinds: list[str], num_prompts: int | None) -> dict[str, list[Workload]]:
     data = json.loads(PROMPTS_FILE.read_text())
     out: dict[str, list[Workload]] = {}
     for kind in kinds:
-        items = data[kind][:num_prompts] if num_prompts else data[kind]
+        every = load_sessions() if kind == "agentic" else data[kind]
+        items = every[:num_prompts] if num_prompts else every
         out[kind] = [Workload(kind, i, item) for i, item in enumerate(items)]
     return out
 
@@ -41,7 +43,7 @@ def load_workloads(kinds: list[str], num_prompts: int | None) -> dict[str, list[
 def request_body(wl: Workload, model: str, args: argparse.Namespace, extra: dict) -> tuple[str, dict]:
     body: dict[str, Any] = {
         "model": model,
-        "max_tokens": args.max_tokens,
+        "max_tokens": args.agentic_max_tokens if wl.kind == "agentic" else args.max_tokens,
         "temperature": args.temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -49,7 +51,7 @@ def request_body(wl: Workload, model: str, args: argparse.Namespace, extra: dict
     if args.temperature > 0:
         body["seed"] = args.seed + wl.index
     body.update(extra)
-    if wl.kind == "chat":
+    if isinstance(wl.prompt, list):
         body["messages"] = wl.prompt
         return "/v1/chat/completions", body
     body["prompt"] = wl.prompt
@@ -109,6 +111,17 @@ async def stream_one(client: httpx.AsyncClient, wl: Workload, model: str, args, 
     return res
 
 
+async def run_workload(client: httpx.AsyncClient, wl: Workload, model: str, args, extra: dict) -> list[RequestResult]:
+    """One prompt's request, or an agentic session's turns (one result per turn)."""
+    if wl.kind != "agentic":
+        return [await stream_one(client, wl, model, args, extra)]
+
+    async def send(messages: list[dict[str, str]]) -> RequestResult:
+        return await stream_one(client, Workload(wl.kind, wl.index, messages), model, args, extra)
+
+    return await run_session(wl.prompt, send)
+
+
 async def run_level(
     client: httpx.AsyncClient, model: str, workloads: list[Workload], concurrency: int, n_requests: int,
     args, extra: dict, desc: str,
@@ -120,7 +133,7 @@ async def run_level(
     async def worker() -> None:
         while todo:
             i = todo.pop(0)
-            results.append(await stream_one(client, workloads[i % len(workloads)], model, args, extra))
+            results.extend(await run_workload(client, workloads[i % len(workloads)], model, args, extra))
             bar.update(1)
 
     start = time.perf_counter()
@@ -130,13 +143,13 @@ async def run_level(
     return results, duration
 
 
-def _headers(args) -> dict:
+def auth_headers(args) -> dict:
     return {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
 
 
 async def server_info(base_url: str, args) -> tuple[str, str | None]:
     """The served model name and the server's speculative method (from a tiny probe request)."""
-    async with httpx.AsyncClient(base_url=base_url, headers=_headers(args), timeout=600) as c:
+    async with httpx.AsyncClient(base_url=base_url, headers=auth_headers(args), timeout=600) as c:
         r = await c.get("/v1/models")
         r.raise_for_status()
         model = r.json()["data"][0]["id"]
@@ -149,7 +162,7 @@ async def server_info(base_url: str, args) -> tuple[str, str | None]:
 async def warm_up(client: httpx.AsyncClient, model: str, args, kinds: list[str]) -> None:
     """Untimed requests so that first-call costs (allocations, kernels) stay out of the numbers."""
     for kind in kinds:
-        wl = Workload(kind, 0, [{"role": "user", "content": "Hi"}] if kind == "chat" else "Hello, my name is")
+        wl = Workload(kind, 0, [{"role": "user", "content": "Hi"}] if kind in ("chat", "agentic") else "Hello, my name is")
         saved = args.max_tokens
         args.max_tokens = 8
         try:
@@ -168,7 +181,7 @@ async def bench_server(
     conns = max(args.concurrency) + 4
     limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns)
     timeout = httpx.Timeout(args.request_timeout, connect=30.0)
-    async with httpx.AsyncClient(base_url=base_url, headers=_headers(args), timeout=timeout, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=base_url, headers=auth_headers(args), timeout=timeout, limits=limits) as client:
         await warm_up(client, model, args, list(workloads))
         for kind, wls in workloads.items():
             for c in args.concurrency:

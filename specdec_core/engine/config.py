@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-SpeculativeMethod = Literal["auto", "draft", "ngram", "none"]
+SpeculativeMethod = Literal["auto", "draft", "ngram", "suffix", "none"]
 
 
 CACHE_DIR_ENV = "SPECDEC_CACHE_DIR"
@@ -59,9 +59,10 @@ class EngineConfig:
     draft_model: str | None = field(default=None, metadata=_flag(
         "draft model for --speculative-method draft (same forms as --model)", group="models"))
     speculative_method: SpeculativeMethod | None = field(default=None, metadata=_flag(
-        "how tokens are proposed: 'auto' (per request and step, n-gram lookup where the request's own text offers "
-        "a match and it pays more, the draft model otherwise), 'draft' (a draft model), 'ngram' (lookup in the "
-        "request's own tokens) or 'none'",
+        "how tokens are proposed: 'auto' (per request and step, whichever of n-gram lookup, suffix lookup and the "
+        "draft model pays most from measured costs and the request's acceptance), 'draft' (a draft model), 'ngram' "
+        "(lookup in the request's own tokens), 'suffix' (suffix tries over the request's own tokens and recent "
+        "requests' outputs) or 'none'",
         group="models", default_help="auto when a draft model is given or for the default pair, else ngram"))
     num_speculative_tokens: int = field(default=4, metadata=_flag(
         "most draft tokens verified per request and step, k (the speculation policy picks 0..k each step; "
@@ -115,6 +116,13 @@ class EngineConfig:
         "shortest suffix --speculative-method ngram looks up in the request's tokens", group="models", minimum=1))
     ngram_max: int = field(default=4, metadata=_flag(
         "longest suffix --speculative-method ngram looks up (tried first)", group="models", minimum=1))
+    # Nodes <= tokens x depth, ~270 bytes each: 16384 x 24 -> at most ~105 MB, reached only by
+    # text that never repeats (docs/speculation-and-execution.md#suffix-decoding).
+    suffix_cache_tokens: int = field(default=16384, metadata=_flag(
+        "tokens of recently finished requests' outputs kept in the global suffix trie (the oldest request's "
+        "leave first); 0 = only each request's own text", group="models", minimum=0))
+    suffix_depth: int = field(default=24, metadata=_flag(
+        "depth of the suffix tries: matches use up to half of it, proposals the rest", group="models", minimum=4))
     seed: int | None = field(default=None, metadata=_flag(
         "engine seed for requests that give none", default_help="seeded from the clock at startup"))
     cache_dir: Path = field(default_factory=default_cache_dir, metadata=_flag(
@@ -128,7 +136,7 @@ class EngineConfig:
         group="models"))
 
     def __post_init__(self) -> None:
-        if self.speculative_method not in (None, "auto", "draft", "ngram", "none"):
+        if self.speculative_method not in (None, "auto", "draft", "ngram", "suffix", "none"):
             raise ValueError(f"unknown speculative_method {self.speculative_method!r}")
         if self.num_speculative_tokens < 0:
             raise ValueError("num_speculative_tokens must be >= 0")

@@ -2,7 +2,7 @@
 
 A step, for the requests the scheduler picked (``step`` names each phase):
   schedule: who runs and how much of whose prompt is prefilled (``Scheduler``);
-  plan:     per request, a proposer (draft model or n-gram lookup) and how many drafts (0..k)
+  plan:     per request, a proposer (draft model, n-gram or suffix lookup) and how many drafts (0..k)
             make the step's committed tokens per second highest, from measured costs;
   propose:  the proposers draft (one batched draft-model forward per draft position) and mirror
             prefill chunks into the draft model's cache;
@@ -43,10 +43,12 @@ from specdec_core.execution.kv_cache import BlockPool
 from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.loading.draft_vocab import frequent_token_ids
 from specdec_core.loading.progress_log import phase
+from specdec_core.speculation.acceptance import Source
 from specdec_core.speculation.cost_model import StepCostModel, calibrate, observe_step
 from specdec_core.speculation.draft_model import DraftModelProposer
 from specdec_core.speculation.ngram import NgramProposer
-from specdec_core.speculation.policy import SpeculationPolicy
+from specdec_core.speculation.policy import LookupProposer, SpeculationPolicy
+from specdec_core.speculation.suffix import SuffixProposer
 
 log = logging.getLogger("specdec.engine")
 
@@ -120,7 +122,13 @@ class Engine:
                 self.draft_runner = runner(draft.model, head)
         self.drafter = DraftModelProposer(self.draft_runner) if self.draft_runner is not None else None
         self.ngram = NgramProposer(config.ngram_min, config.ngram_max) if method in ("ngram", "auto") else None
-        self.speculative_step = SpeculativeStep(self.target, self.drafter, self.ngram)
+        self.suffix = SuffixProposer(config.suffix_depth, config.suffix_cache_tokens) if method in ("suffix", "auto") else None
+        lookups: dict[Source, LookupProposer] = {}
+        if self.ngram is not None:
+            lookups["ngram"] = self.ngram
+        if self.suffix is not None:
+            lookups["suffix"] = self.suffix
+        self.speculative_step = SpeculativeStep(self.target, self.drafter, lookups)
         log.info("execution: target %s path, draft %s, quantize=%s", self.target.path,
                  self.draft_runner.path if self.draft_runner else "none", self.quantize)
         self.scheduler = Scheduler(config.max_num_seqs, config.prefill_chunk_size, BlockPool(self.kv.num_blocks),
@@ -130,7 +138,7 @@ class Engine:
         self.costs = self._measure_costs()
         self.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
         self.grammars.warm()
-        self.policy = SpeculationPolicy(method, self.costs, config.adaptive_speculation, self.max_model_len, self.ngram)
+        self.policy = SpeculationPolicy(method, self.costs, config.adaptive_speculation, self.max_model_len, lookups)
 
     def _size_kv(self, config: EngineConfig, models: list[HFModule], device: torch.device) -> KVSizing:
         """The KV pool from the memory budget (``kv_sizing``): before the runners prepare their
@@ -186,6 +194,7 @@ class Engine:
             request_id or uuid.uuid4().hex, ids, params, random.Random(seed),
             IncrementalDetokenizer(self.tokenizer, params.stop), k,
             ngram=self.ngram.new_index() if self.ngram is not None else None,
+            suffix=self.suffix.new_index() if self.suffix is not None else None,
             grammar=self.grammars.compile(params.structured).new_state() if params.structured is not None else None,
             min_tokens_ban=ban,
         )
@@ -315,7 +324,7 @@ class Engine:
         self.metrics.total_generation_tokens += len(kept)
         if drafts and source is not None:
             self.metrics.record_verify(source, len(drafts), counted)
-            req.acceptance[source].update(accepted, len(drafts))  # type: ignore[index]
+            req.learn(source, accepted, len(drafts))  # type: ignore[arg-type]
         logprobs = token_logprobs(logits[: len(kept)], kept, req.params.logprobs or 0) if req.params.logprobs is not None else None
         if reason is not None:
             req.finish(reason)
@@ -324,6 +333,8 @@ class Engine:
 
     def _retire(self, req: Request, kept: list[int], delta: str, logprobs: list[TokenLogprob] | None) -> RequestOutput:
         self.scheduler.remove(req)
+        if self.suffix is not None:
+            self.suffix.retire(req)
         self.metrics.total_finished += 1
         return RequestOutput(req.request_id, kept, delta, finished=True, finish_reason=req.finish_reason,
                              logprobs=logprobs, error=req.error, stats=req.stats)

@@ -14,11 +14,12 @@ from specdec_core.decoding.detokenizer import IncrementalDetokenizer
 from specdec_core.decoding.sampling import RowParams
 from specdec_core.decoding.sampling_params import SamplingParams
 from specdec_core.engine.outputs import FinishReason, RequestStats
-from specdec_core.speculation.acceptance import PRIOR, AcceptanceEstimate
+from specdec_core.speculation.acceptance import LOOKUP_RELAX, LOOKUP_SOURCES, PRIOR, AcceptanceEstimate, Source
 
 if TYPE_CHECKING:  # types only: the request holds these, never calls into their modules' imports
     from specdec_core.decoding.grammar import GrammarState
     from specdec_core.speculation.ngram_index import NgramIndex
+    from specdec_core.speculation.suffix_trie import SuffixIndex
 
 
 class Status(enum.Enum):
@@ -45,6 +46,7 @@ class Request:
         max_spec_tokens: int,
         *,
         ngram: NgramIndex | None = None,
+        suffix: SuffixIndex | None = None,
         grammar: GrammarState | None = None,
         min_tokens_ban: list[int] | None = None,
     ) -> None:
@@ -68,13 +70,24 @@ class Request:
         self.error: str | None = None
         self.stats = RequestStats(prompt_tokens=len(prompt_ids), arrival_time=time.monotonic())
         # This request's own acceptance per proposer, for the speculation policy.
-        self.acceptance = {source: AcceptanceEstimate(prior) for source, prior in PRIOR.items()}
+        self.acceptance = {source: AcceptanceEstimate(prior, relax=LOOKUP_RELAX if source in LOOKUP_SOURCES else 0.0)
+                           for source, prior in PRIOR.items()}
         # Prompt-lookup index over all_ids, for the n-gram proposer (None when it is not used).
         self.ngram = ngram
+        # Suffix trie over all_ids, for the suffix proposer (None when it is not used).
+        self.suffix = suffix
         # Structured output: the grammar state at the committed tokens (None: unconstrained).
         self.grammar = grammar
         # Token ids masked until ``params.min_tokens`` tokens are out (EOS unless ignored, stop ids).
         self.min_tokens_ban = min_tokens_ban or []
+
+    def alpha(self, source: Source) -> float:
+        """This request's acceptance estimate for ``source`` now (see ``AcceptanceEstimate``)."""
+        return self.acceptance[source].alpha_at(self.stats.verify_steps)
+
+    def learn(self, source: Source, accepted: int, proposed: int) -> None:
+        """One verify pass of ``proposed`` drafts from ``source`` kept ``accepted`` of them."""
+        self.acceptance[source].update(accepted, proposed, self.stats.verify_steps)
 
     def row_params(self, num_drafts: int) -> RowParams:
         """How the logits row after the committed tokens plus ``num_drafts`` drafts is warped.

@@ -1,6 +1,6 @@
 """Propose, score and verify one step on the device: one upload, one read.
 
-The host plans the whole step first: n-gram lookups, every draft and target forward's indices,
+The host plans the whole step first: lookups (n-gram, suffix), every draft and target forward's indices,
 every logits row's warping rule and every request's uniforms go into one ``HostUpload``. Then the
 device runs it: the draft model draws its drafts position after position into a ``[B, K]``
 tensor, the target scores every request's last token and drafts in one forward (the drafts fed
@@ -26,8 +26,9 @@ from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.execution.host_upload import HostUpload, Ref
 from specdec_core.execution.model_runner import ForwardItem, ForwardPlan, ModelRunner
 from specdec_core.speculation import verifier
+from specdec_core.speculation.acceptance import Source
 from specdec_core.speculation.draft_model import DraftModelProposer, DraftPlan
-from specdec_core.speculation.ngram import NgramProposer
+from specdec_core.speculation.policy import LookupProposer
 
 
 @dataclass
@@ -73,12 +74,12 @@ class _Clock:
 class _Plan:
     """The host half of a step: its shape and where everything sits in the upload."""
 
-    looked_up: dict[int, list[int]]  # item -> n-gram drafts
+    looked_up: dict[int, list[int]]  # item -> looked-up drafts (one-hot q)
     drawn: list[int]  # item -> drafts the draft model draws
     num: list[int]  # item -> drafts verified
     verifying: list[bool]  # item -> it completes its known tokens this step (logits wanted)
     k_max: int
-    drafts: Ref  # [B, K] n-gram drafts, zeros where the draft model will draw
+    drafts: Ref  # [B, K] looked-up drafts, zeros where the draft model will draw
     u_draft: Ref  # [B, K]
     u_verify: Ref  # [B, K+1]
     target: ForwardPlan
@@ -91,8 +92,9 @@ class _Plan:
 class SpeculativeStep:
     """Runs the propose -> forward -> verify part of a step for the planned items."""
 
-    def __init__(self, target: ModelRunner, drafter: DraftModelProposer | None, ngram: NgramProposer | None) -> None:
-        self.target, self.drafter, self.ngram = target, drafter, ngram
+    def __init__(self, target: ModelRunner, drafter: DraftModelProposer | None,
+                 lookups: dict[Source, LookupProposer]) -> None:
+        self.target, self.drafter, self.lookups = target, drafter, lookups
 
     def run(self, items: list[ScheduledRequest]) -> StepOutcome:
         upload = HostUpload()
@@ -128,9 +130,9 @@ class SpeculativeStep:
             logits, plan.row_start, cached, clock.seconds(0), clock.seconds(1))
 
     def _plan(self, items: list[ScheduledRequest], upload: HostUpload) -> _Plan:
-        """n-gram lookups, how many drafts each item verifies, and everything the device needs."""
-        looked_up = {b: self.ngram.lookup(it.request, it.num_drafts) for b, it in enumerate(items)
-                     if self.ngram is not None and it.source == "ngram" and it.num_drafts}
+        """Lookups, how many drafts each item verifies, and everything the device needs."""
+        looked_up = {b: self.lookups[it.source].lookup(it.request, it.num_drafts) for b, it in enumerate(items)
+                     if it.source in self.lookups and it.num_drafts}
         drafter = self.drafter if self.drafter is not None and self.drafter.wanted(items) else None
         drawn = [drafter.drafts(it) if drafter is not None else 0 for it in items]
         num = [len(looked_up[b]) if b in looked_up else drawn[b] for b in range(len(items))]

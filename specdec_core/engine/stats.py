@@ -47,7 +47,7 @@ class EngineMetrics:
     total_target_seconds: float = 0.0
     total_finished: int = 0
     total_failed: int = 0
-    # Draft tokens proposed and accepted, per proposer ("draft", "ngram").
+    # Draft tokens proposed and accepted, per proposer ("draft", "ngram", "suffix").
     draft_tokens_by_source: dict[str, int] = field(default_factory=dict)
     accepted_tokens_by_source: dict[str, int] = field(default_factory=dict)
     # accepted_histogram[j]: verify passes (over all requests) that accepted j drafts.

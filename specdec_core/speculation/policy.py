@@ -2,8 +2,8 @@
 
 The model. A request that verifies k drafts with per-token acceptance alpha commits on average
 ``E(alpha, k) = 1 + alpha + ... + alpha^k`` tokens. A decode step of requests with drafts ``k_i``
-costs ``target(sum(1 + k_i)) + sum_j draft(#requests drafting a j-th token)`` (n-gram drafts cost
-no draft forward), from the measured ``StepCostModel``. The policy picks the ``k_i`` that maximise
+costs ``target(sum(1 + k_i)) + sum_j draft(#requests drafting a j-th token)`` (n-gram and suffix
+lookups cost no draft forward), from the measured ``StepCostModel``. The policy picks the ``k_i`` that maximise
 ``sum E / cost``: committed tokens per second of the step. With one request and good proposals
 that is deep speculation; with many requests, where 16 x 5 tokens cost 4x 16 x 1, it is plain
 decoding, by itself.
@@ -17,12 +17,21 @@ history and the start-up costs only); everyone else gets the batch-level optimum
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from specdec_core.engine.request import Request
 from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.speculation.acceptance import Source, expected_tokens
 from specdec_core.speculation.cost_model import StepCostModel
-from specdec_core.speculation.ngram import NgramProposer
+
+
+class LookupProposer(Protocol):
+    """A proposer that runs no model (n-gram, suffix): its drafts are a function of the text it
+    has seen, and its q is one-hot on them."""
+
+    def lookup(self, req: Request, k: int) -> list[int]:
+        """Up to ``k`` drafts for ``req`` (fewer, or none, where it has no confident match)."""
+        ...
 
 PROBE_INTERVAL = 32  # a request that never pays speculates one token every this many steps
 
@@ -56,14 +65,14 @@ class SpeculationPolicy:
     """Sets ``num_drafts`` and ``source`` on the decoding items of a scheduled step."""
 
     def __init__(self, method: str, costs: StepCostModel, adaptive: bool, max_model_len: int,
-                 ngram: NgramProposer | None) -> None:
-        """``ngram``: the lookup proposer, asked how many tokens it has for a request (for the
-        'ngram' and 'auto' methods); it proposes them itself once the policy has chosen k."""
+                 lookups: dict[Source, LookupProposer]) -> None:
+        """``lookups``: the method's lookup proposers by source, asked how many tokens they have
+        for a request; the step asks them again for the chosen k."""
         self.method = method
         self.costs = costs
         self.adaptive = adaptive
         self.max_model_len = max_model_len
-        self.ngram = ngram
+        self.lookups = lookups
 
     def plan(self, items: list[ScheduledRequest]) -> None:
         choices = [c for c in (self._choice(it) for it in items) if c is not None]
@@ -97,11 +106,13 @@ class SpeculationPolicy:
         if cap <= 0:
             return None
         options: list[tuple[Source, int]] = []
-        if self.ngram is not None and self.method in ("ngram", "auto"):
+        for source, proposer in self.lookups.items():
+            if self.method not in (source, "auto"):
+                continue
             # A completing item has every known token, so the lookup sees the full text.
-            found = len(self.ngram.lookup(req, cap))
+            found = len(proposer.lookup(req, cap))
             if found:
-                options.append(("ngram", found))
+                options.append((source, found))
         if self.method in ("draft", "auto"):
             options.append(("draft", cap))
         if not options:
@@ -109,8 +120,8 @@ class SpeculationPolicy:
         if len(options) == 1:
             source, cap = options[0]
         else:  # auto with a match: the proposer that pays more for this request alone
-            source, cap = max(options, key=lambda o: self._solo_value(o[0], req.acceptance[o[0]].alpha, o[1]))
-        return _Choice(item, source, req.acceptance[source].alpha, cap)
+            source, cap = max(options, key=lambda o: self._solo_value(o[0], req.alpha(o[0]), o[1]))
+        return _Choice(item, source, req.alpha(source), cap)
 
     def solo_k(self, req: Request, source: Source, alpha: float, cap: int) -> int:
         """k from the request's own history and the start-up costs: independent of the batch."""

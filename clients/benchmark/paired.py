@@ -1,0 +1,171 @@
+"""Speculation on vs off on one server: interleaved units, ratios with bootstrap intervals.
+
+Two servers started minutes apart differ by up to +-30% per cell on a shared machine, ten times
+the effect worth detecting. Here both arms run on the same server (off is the per-request
+extension ``"speculative": false``): each cell's prompts are cut into units (one prompt or
+session at concurrency 1, ``c`` of them at once above), the units run in a random order, and each
+unit runs in both arms back to back in a random order, so drift in the machine's load hits both
+arms alike. A cell's ratio is (on tokens / on seconds) / (off tokens / off seconds) over its
+units; its 95% interval comes from resampling the units (paired, with replacement).
+
+Each unit's prompts are used once per arm: repeating a prompt would let a suffix trie find the
+whole answer of the earlier run, a gain real traffic does not see that way (a request with
+speculation off does not feed the server's global trie, so the off arm cannot leak it either).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from .progress import log
+from .report import fmt
+from .results import RequestResult
+from .workload import Workload, auth_headers, run_workload, warm_up
+
+ARMS = ("on", "off")
+OFF = {"speculative": False}
+
+
+@dataclass
+class Arm:
+    """One arm of one unit: output tokens, wall seconds and the server's speculation reports."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    failed: int = 0
+    texts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Unit:
+    kind: str
+    concurrency: int
+    workloads: list[Workload]
+    arms: dict[str, Arm] = field(default_factory=dict)
+
+
+@dataclass
+class PairedRow:
+    mode: str
+    kind: str
+    concurrency: int
+    units: int
+    on_tok_s: float
+    off_tok_s: float
+    ratio: float
+    ratio_lo: float
+    ratio_hi: float
+    acceptance_rate: float | None
+    same_as_off: str
+    failed: int
+
+
+def ratio(units: list[Unit]) -> float:
+    on = sum(u.arms["on"].tokens for u in units) / max(sum(u.arms["on"].seconds for u in units), 1e-9)
+    off = sum(u.arms["off"].tokens for u in units) / max(sum(u.arms["off"].seconds for u in units), 1e-9)
+    return on / off if off > 0 else 0.0
+
+
+def bootstrap_interval(units: list[Unit], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """The 2.5th and 97.5th percentiles of the ratio over units resampled with replacement (the
+    two arms of a unit stay together)."""
+    rng = random.Random(seed)
+    values = sorted(ratio([rng.choice(units) for _ in units]) for _ in range(resamples))
+    return values[int(0.025 * (resamples - 1))], values[int(0.975 * (resamples - 1))]
+
+
+def make_units(workloads: dict[str, list[Workload]], concurrency: list[int]) -> list[Unit]:
+    """Per cell, its prompts (or sessions) cut into units of ``c``; a last short unit is dropped
+    above concurrency 1, since it would not load the server to ``c``."""
+    units = []
+    for kind, wls in workloads.items():
+        for c in concurrency:
+            for start in range(0, len(wls), c):
+                group = wls[start:start + c]
+                if len(group) == c:
+                    units.append(Unit(kind, c, group))
+    return units
+
+
+async def _run_arm(client: httpx.AsyncClient, unit: Unit, model: str, args, extra: dict) -> Arm:
+    start = time.perf_counter()
+    batches = await asyncio.gather(*(run_workload(client, wl, model, args, extra) for wl in unit.workloads))
+    arm = Arm(seconds=time.perf_counter() - start)
+    results: list[RequestResult] = [r for batch in batches for r in batch]
+    for r in results:
+        if not r.ok:
+            arm.failed += 1
+            continue
+        arm.tokens += r.completion_tokens or 0
+        arm.texts.append(r.text)
+        if r.speculative:
+            arm.draft_tokens += int(r.speculative.get("draft_tokens") or 0)
+            arm.accepted_tokens += int(r.speculative.get("accepted_tokens") or 0)
+    return arm
+
+
+async def run_paired(base_url: str, mode: str, on_extra: dict, model: str, workloads: dict[str, list[Workload]],
+                     args) -> tuple[list[PairedRow], list[dict]]:
+    """Every unit in both arms, in random orders (``args.seed``); one row per cell."""
+    rng = random.Random(args.seed)
+    units = make_units(workloads, args.concurrency)
+    rng.shuffle(units)
+    conns = max(args.concurrency) + 4
+    limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns)
+    timeout = httpx.Timeout(args.request_timeout, connect=30.0)
+    async with httpx.AsyncClient(base_url=base_url, headers=auth_headers(args), timeout=timeout, limits=limits) as client:
+        await warm_up(client, model, args, list(workloads))
+        for i, unit in enumerate(units):
+            order = list(ARMS)
+            rng.shuffle(order)
+            for arm in order:
+                unit.arms[arm] = await _run_arm(client, unit, model, args, on_extra if arm == "on" else OFF)
+            on, off = unit.arms["on"], unit.arms["off"]
+            log(f"{mode} {unit.kind} c={unit.concurrency} unit {i + 1}/{len(units)} ({'/'.join(order)}): "
+                f"on {on.tokens / max(on.seconds, 1e-9):.2f} tok/s, off {off.tokens / max(off.seconds, 1e-9):.2f}")
+    return summarize_cells(mode, units, args), [
+        {"mode": mode, "kind": u.kind, "concurrency": u.concurrency, "prompts": [w.index for w in u.workloads],
+         **{f"{a}_{k}": v for a in ARMS for k, v in vars(u.arms[a]).items() if k != "texts"}} for u in units]
+
+
+def summarize_cells(mode: str, units: list[Unit], args) -> list[PairedRow]:
+    rows = []
+    cells = sorted({(u.kind, u.concurrency) for u in units}, key=lambda kc: (list(dict.fromkeys(
+        u.kind for u in units)).index(kc[0]), kc[1]))
+    for kind, c in cells:
+        cell = [u for u in units if (u.kind, u.concurrency) == (kind, c)]
+        on = [u.arms["on"] for u in cell]
+        off = [u.arms["off"] for u in cell]
+        lo, hi = bootstrap_interval(cell, seed=args.seed)
+        drafted = sum(a.draft_tokens for a in on)
+        same = sum(a.texts == b.texts for a, b in zip(on, off))
+        rows.append(PairedRow(
+            mode, kind, c, len(cell),
+            on_tok_s=round(sum(a.tokens for a in on) / max(sum(a.seconds for a in on), 1e-9), 3),
+            off_tok_s=round(sum(a.tokens for a in off) / max(sum(a.seconds for a in off), 1e-9), 3),
+            ratio=round(ratio(cell), 3), ratio_lo=round(lo, 3), ratio_hi=round(hi, 3),
+            acceptance_rate=round(sum(a.accepted_tokens for a in on) / drafted, 4) if drafted else None,
+            same_as_off=f"{same}/{len(cell)}", failed=sum(a.failed for a in on + off)))
+    return rows
+
+
+def print_paired(rows: list[PairedRow]) -> None:
+    head = (f"{'mode':<8} {'kind':<9} {'conc':>4} {'units':>5} {'on tok/s':>9} {'off tok/s':>9} "
+            f"{'on/off':>7} {'95% interval':>15} {'accept':>6} {'same':>6}")
+    print()
+    print("one server per mode, speculation on vs off per request, units interleaved in random order; "
+          "interval: bootstrap over units; same = units whose greedy outputs equal off's")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r.mode:<8} {r.kind:<9} {r.concurrency:>4} {r.units:>5} {r.on_tok_s:>9.2f} {r.off_tok_s:>9.2f} "
+              f"{r.ratio:>7.3f} {f'[{r.ratio_lo:.3f}, {r.ratio_hi:.3f}]':>15} "
+              f"{fmt(r.acceptance_rate, '.2f'):>6} {r.same_as_off:>6}")
+    print()

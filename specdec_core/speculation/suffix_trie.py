@@ -1,0 +1,208 @@
+"""Suffix tries with counts: the structures behind suffix decoding (a leaf module: the request owns a
+``SuffixIndex``, the suffix proposer owns the global ``SuffixCache``; neither imports the engine).
+
+A ``SuffixTrie`` of depth D holds every substring of at most D tokens of the sequences added to it,
+each node counting how often its substring occurs. That is a suffix tree cut at depth D (Oliaro et
+al., arXiv 2411.04975, keep whole suffixes; the bounded depth is what vLLM's and Arctic's
+``max_tree_depth`` does too): appending a token touches at most D + 1 nodes, removing a sequence
+undoes exactly what adding it did, and ``count(w + [t]) / count(w)`` is how often ``t`` followed
+``w``, the score a proposal's tokens are chosen and cut by.
+
+Nodes are small objects with a lazily made children dict; a sequence of n tokens adds at most
+n * D nodes (fewer where text repeats), so a token budget is a memory bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+
+class _Node:
+    __slots__ = ("count", "children")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.children: dict[int, _Node] | None = None
+
+    def child(self, token: int) -> _Node:
+        """The child for ``token``, made if missing (counts are the caller's)."""
+        if self.children is None:
+            self.children = {}
+        node = self.children.get(token)
+        if node is None:
+            node = self.children[token] = _Node()
+        return node
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Tokens proposed after a context, the length of the context's suffix they continue, and
+    their score: the expected number accepted if each token is right with its count ratio."""
+
+    tokens: list[int]
+    match_len: int
+    score: float
+
+    @staticmethod
+    def none() -> "Proposal":
+        return Proposal([], 0, 0.0)
+
+
+class SuffixTrie:
+    """Counts of every substring of at most ``depth`` tokens of the added sequences."""
+
+    def __init__(self, depth: int) -> None:
+        if depth < 2:
+            raise ValueError("a suffix trie needs depth >= 2 (a match and a token after it)")
+        self.depth = depth
+        self.root = _Node()
+        self.nodes = 1  # for the memory bound: nodes alive, the root included
+
+    # ------------------------------------------------------------------ updates
+
+    def append(self, open_nodes: list[_Node], token: int) -> list[_Node]:
+        """Count ``token`` after the sequence whose open suffixes (lengths 1..depth-1, shortest
+        first) are ``open_nodes``; returns the new open suffixes. O(depth)."""
+        nodes = []
+        for parent in [self.root] + open_nodes:
+            node = self._bump(parent, token)
+            nodes.append(node)
+        self.root.count += 1
+        return nodes[: self.depth - 1]
+
+    def add(self, tokens: list[int]) -> None:
+        """Count every substring of ``tokens`` of at most ``depth`` tokens. O(len x depth)."""
+        open_nodes: list[_Node] = []
+        for t in tokens:
+            open_nodes = self.append(open_nodes, t)
+
+    def remove(self, tokens: list[int]) -> None:
+        """Undo ``add(tokens)``: nodes whose count reaches zero are freed."""
+        for start in range(len(tokens)):
+            node = self.root
+            for t in tokens[start:start + self.depth]:
+                assert node.children is not None, "removing a sequence that was never added"
+                child = node.children[t]
+                child.count -= 1
+                if child.count == 0:
+                    self.nodes -= self._size(child)
+                    del node.children[t]
+                    if not node.children:
+                        node.children = None
+                    break
+                node = child
+        self.root.count -= len(tokens)
+
+    def _bump(self, parent: _Node, token: int) -> _Node:
+        existed = parent.children is not None and token in parent.children
+        node = parent.child(token)
+        node.count += 1
+        if not existed:
+            self.nodes += 1
+        return node
+
+    @staticmethod
+    def _size(node: _Node) -> int:
+        """Nodes in the subtree of ``node`` (freed together when it is cut off)."""
+        size, stack = 0, [node]
+        while stack:
+            n = stack.pop()
+            size += 1
+            if n.children:
+                stack.extend(n.children.values())
+        return size
+
+    # ------------------------------------------------------------------ lookups
+
+    def _walk(self, tokens: list[int]) -> _Node | None:
+        node = self.root
+        for t in tokens:
+            if node.children is None:
+                return None
+            nxt = node.children.get(t)
+            if nxt is None:
+                return None
+            node = nxt
+        return node
+
+    def longest_match(self, context: list[int], max_len: int) -> tuple[int, _Node | None]:
+        """The longest suffix of ``context`` (at most ``max_len`` tokens) that occurs followed by
+        something. Having a follower is monotone in the suffix's length (a shorter suffix of a
+        followed occurrence is followed too), so a binary search needs O(log) walks."""
+        lo, hi = 0, min(max_len, len(context), self.depth - 1)
+        best: _Node | None = None
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            node = self._walk(context[len(context) - mid:])
+            if node is not None and node.children:
+                lo, best = mid, node
+            else:
+                hi = mid - 1
+        return lo, best
+
+    def propose(self, context: list[int], k: int, max_match: int, min_prob: float, spec_factor: float) -> Proposal:
+        """The most frequent continuation of the longest match: up to
+        ``min(k, ceil(spec_factor x match length))`` tokens, each the most frequent child
+        (ties: the lowest token id, so a lookup is a function of the counts), stopping where
+        ``count(child) / count(node)`` falls below ``min_prob`` or the trie ends."""
+        m, node = self.longest_match(context, max_match)
+        if node is None or k <= 0:
+            return Proposal.none()
+        limit = min(k, math.ceil(spec_factor * m))
+        tokens: list[int] = []
+        prob, score = 1.0, 0.0
+        while len(tokens) < limit and node.children:
+            token, child = max(node.children.items(), key=lambda kv: (kv[1].count, -kv[0]))
+            p = child.count / node.count
+            if p < min_prob:
+                break
+            prob *= p
+            score += prob
+            tokens.append(token)
+            node = child
+        return Proposal(tokens, m, score)
+
+
+class SuffixIndex:
+    """One request's trie over its own prompt and output, caught up on each lookup (the text only
+    grows): O(new tokens x depth) per step, as the n-gram index."""
+
+    def __init__(self, depth: int) -> None:
+        self.trie = SuffixTrie(depth)
+        self._open: list[_Node] = []
+        self._indexed = 0
+
+    def catch_up(self, ids: list[int]) -> None:
+        for t in ids[self._indexed:]:
+            self._open = self.trie.append(self._open, t)
+        self._indexed = max(self._indexed, len(ids))
+
+
+class SuffixCache:
+    """The global trie over the outputs of recently finished requests, bounded by a token budget:
+    adding a sequence evicts the oldest ones until the total fits (a sequence longer than the
+    budget keeps its last ``budget`` tokens). At most ``budget x depth`` nodes exist."""
+
+    def __init__(self, depth: int, budget: int) -> None:
+        self.trie = SuffixTrie(depth)
+        self.budget = budget
+        self.tokens = 0
+        self._sequences: deque[list[int]] = deque()
+
+    def add(self, tokens: list[int]) -> None:
+        tokens = tokens[max(len(tokens) - self.budget, 0):] if self.budget > 0 else []
+        if not tokens:
+            return
+        while self._sequences and self.tokens + len(tokens) > self.budget:
+            old = self._sequences.popleft()
+            self.trie.remove(old)
+            self.tokens -= len(old)
+        self.trie.add(tokens)
+        self._sequences.append(tokens)
+        self.tokens += len(tokens)
+
+    def __len__(self) -> int:
+        """Sequences held."""
+        return len(self._sequences)
