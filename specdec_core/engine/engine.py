@@ -167,6 +167,8 @@ class Engine:
         k = self.num_speculative_tokens
         if params.num_speculative_tokens is not None:
             k = min(k, params.num_speculative_tokens)
+        if params.max_tokens == 0:
+            k = 0  # the prompt is only scored: nothing to draft for
         ban = sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)) if params.min_tokens else []
         return Request(
             request_id or uuid.uuid4().hex, ids, params, random.Random(seed),
@@ -253,6 +255,8 @@ class Engine:
         and slots are the scheduler's."""
         outputs = []
         for b, it in enumerate(plan.items):
+            if it.prompt_rows and outcome.prompt_logits is not None and outcome.prompt_start is not None:
+                self._score_prompt(it.request, outcome.prompt_logits, outcome.prompt_start[b], it.prompt_rows)
             it.request.num_computed += it.num_new
             self.scheduler.record_prefill(it.request)
             if outcome.draft_cached[b] is not None:
@@ -262,9 +266,12 @@ class Engine:
                 continue  # still in prefill
             drafts = outcome.drafts[b]
             row = outcome.row_start[b]
+            scores = outcome.logits
+            if it.request.params.logprobs_mode == "processed_logprobs" and outcome.processed is not None:
+                scores = outcome.processed
             try:
                 out = self._commit(it.request, drafts, it.source, accepted, final,
-                                   outcome.logits[row:row + len(drafts) + 1])
+                                   scores[row:row + len(drafts) + 1])
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
                 log.error("request %s failed", it.request.request_id, exc_info=exc)
                 out = self._fail(it.request, exc)
@@ -306,13 +313,22 @@ class Engine:
         if reason is not None:
             req.finish(reason)
             return self._retire(req, kept, delta, logprobs)
-        return RequestOutput(req.request_id, kept, delta, logprobs=logprobs)
+        return RequestOutput(req.request_id, kept, delta, logprobs=logprobs, prompt_logprobs=req.take_prompt_logprobs())
+
+    def _score_prompt(self, req: Request, logits: torch.Tensor, start: int, rows: int) -> None:
+        """Prompt log-probabilities from the rows this step's prefill computed for ``req``: row i
+        (position ``num_computed + i``) scores the prompt token after it. Raw, whatever the
+        ``logprobs_mode``: no sampling rule applies to tokens that were given."""
+        s = req.num_computed
+        req.prompt_logprobs += token_logprobs(logits[start:start + rows], req.all_ids[s + 1:s + 1 + rows],
+                                              req.params.prompt_logprobs or 0, ranks=True)
 
     def _retire(self, req: Request, kept: list[int], delta: str, logprobs: list[TokenLogprob] | None) -> RequestOutput:
         self.scheduler.remove(req)
         self.metrics.total_finished += 1
+        prompt_logprobs = req.take_prompt_logprobs() if req.finish_reason in ("stop", "length") else None
         return RequestOutput(req.request_id, kept, delta, finished=True, finish_reason=req.finish_reason,
-                             logprobs=logprobs, error=req.error, stats=req.stats)
+                             logprobs=logprobs, error=req.error, stats=req.stats, prompt_logprobs=prompt_logprobs)
 
     def _fail(self, req: Request, exc: Exception) -> RequestOutput:
         self.metrics.total_failed += 1

@@ -69,7 +69,11 @@ class Scheduler:
         (nothing to copy), else the least recently freed one, with the prefix copied from where it
         is cached. A seeded sampled request takes no draft rows from the cache: the last bits of
         its draft's distributions, and so its draws, must not depend on what ran before it."""
-        hit = self.prefix.lookup(req.prompt_ids, self.slots.free_slots) if self.prefix is not None else None
+        # Prompt log-probabilities need every prompt position's logits, which cached rows never
+        # had in this request: such a request prefills all of its prompt (and records its chunks
+        # for later requests as any other does; recomputed chunks are bit-identical).
+        lookup = self.prefix is not None and req.params.prompt_logprobs is None
+        hit = self.prefix.lookup(req.prompt_ids, self.slots.free_slots) if lookup else None  # type: ignore[union-attr]
         in_place = hit is not None and hit.slot in self.slots.free_slots
         req.slot = self.slots.allocate(hit.slot if in_place else None)  # type: ignore[union-attr]
         if self.prefix is not None:
