@@ -21,6 +21,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,10 +42,14 @@ from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.loading.draft_vocab import frequent_token_ids
 from specdec_core.loading.progress_log import phase
-from specdec_core.speculation.cost_model import StepCostModel, calibrate, observe_step
+from specdec_core.speculation.cost_cache import CostCache, machine, model_identity
+from specdec_core.speculation.cost_model import StepCostModel, calibrate, observe_step, warm_up
 from specdec_core.speculation.draft_model import DraftModelProposer
 from specdec_core.speculation.ngram import NgramProposer
 from specdec_core.speculation.policy import SpeculationPolicy
+
+if TYPE_CHECKING:  # the loader is imported where models are loaded (it pulls in transformers)
+    from specdec_core.loading.loader import LoadedModel
 
 log = logging.getLogger("specdec.engine")
 
@@ -121,23 +126,48 @@ class Engine:
         self.scheduler = Scheduler(config.max_num_seqs, config.prefill_chunk_size, config.enable_prefix_caching)
         self.metrics = EngineMetrics()
         self._seed_rng = torch.Generator().manual_seed(config.seed if config.seed is not None else int(time.time_ns() % 2**31))
-        self.costs = self._measure_costs()
+        self.cost_cache: CostCache | None = None
+        self.costs = self._measure_costs(target, draft)
         self.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
         self.grammars.warm()
         self.policy = SpeculationPolicy(method, self.costs, config.adaptive_speculation, self.max_model_len, self.ngram)
 
-    def _measure_costs(self) -> StepCostModel:
-        """Time the step shapes this engine can produce (see ``cost_model``); without adaptive
-        speculation nothing reads them. With speculation off it still runs (target only, a few
-        seconds): its forwards over every batch shape are the warm-up that makes the first full
-        batch as fast as the later ones (measured: a server that skipped it decoded 16 requests
-        15% slower for the whole run, the allocator's state after large frees being the likely
-        cause)."""
+    def _measure_costs(self, target: LoadedModel, draft: LoadedModel | None) -> StepCostModel:
+        """The step costs of this configuration on this machine: from the cache when an earlier
+        start saved them (``cost_cache``), else timed over the step shapes this engine can produce
+        (``cost_model.calibrate``, bounded) and saved. Without adaptive speculation nothing reads
+        them. With speculation off it still runs (target only, a few seconds): its forwards over
+        every batch shape are the warm-up that makes the first full batch as fast as the later
+        ones (measured: a server that skipped it decoded 16 requests 15% slower for the whole run,
+        the allocator's state after large frees being the likely cause), so a cache hit still
+        runs every shape once, untimed."""
         if not self.config.adaptive_speculation:
             return StepCostModel.constant(self.draft_runner is not None)
+        cfg, shape = self.config, (self.target, self.draft_runner, self.config.max_num_seqs,
+                                   1 + self.num_speculative_tokens, self.max_model_len)
+        self.cost_cache = CostCache(cfg.cache_dir, {
+            "target": model_identity(target.path), "draft": model_identity(draft.path) if draft is not None else None,
+            "quantize": self.quantize, "attention": self.target.attention, "path": self.target.path,
+            "dtype": str(self.target.dtype), "device": self.target.device.type, "machine": machine(),
+            "max_num_seqs": cfg.max_num_seqs, "tokens_per_seq": shape[3], "max_model_len": cfg.max_model_len,
+            "draft_vocab_size": cfg.draft_vocab_size if draft is not None else None})
+        cached = self.cost_cache.load()
+        if cached is not None:
+            with phase(log, "warming up every step shape (step costs from the cache)"):
+                warm_up(*shape)
+            log.info("step costs loaded from the cache %s (corrected by %d real steps so far): %s",
+                     self.cost_cache.path, cached.observed_steps, cached.describe())
+            return cached
         with phase(log, "calibrating: timing target and draft steps for the speculation policy"):
-            return calibrate(self.target, self.draft_runner, self.config.max_num_seqs,
-                             1 + self.num_speculative_tokens, self.max_model_len)
+            costs = calibrate(*shape)
+        self.cost_cache.save(costs)
+        log.info("step costs measured (no cache for this configuration) and saved to %s", self.cost_cache.path)
+        return costs
+
+    def save_costs(self) -> None:
+        """Write the step costs real steps have corrected (when the engine stops)."""
+        if self.cost_cache is not None:
+            self.cost_cache.save(self.costs)
 
     # ------------------------------------------------------------------ requests in and out
 
@@ -218,6 +248,8 @@ class Engine:
         self.metrics.record_step(outcome.draft_seconds, outcome.target_seconds)
         observe_step(self.costs, plan.items, outcome.draft_seconds, outcome.target_seconds,
                      1 + self.num_speculative_tokens)
+        if self.cost_cache is not None:
+            self.cost_cache.save_later(self.costs)
         return self._commit_step(plan, outcome)                               # commit
 
     def _copy_prefixes(self, plan: ScheduledStep) -> None:

@@ -10,8 +10,13 @@ produce and interpolates between them:
 - ``draft(n)``: one draft forward of ``n`` requests (a draft position of a step).
 
 Start-up costs are measured at a fixed cached context, so they say nothing about what else is
-running; ``observe_*`` then scales them by what real steps cost (longer contexts, a loaded
-machine). Requests whose choice must not depend on other requests use ``frozen`` costs only.
+running; ``observe_*`` then moves a live copy of each table toward what real steps cost (an
+exponential moving average per size bucket: longer contexts, a loaded machine), and the live
+tables are what ``cost_cache`` saves for the next start. Requests whose choice must not depend on
+other requests use the ``frozen`` tables only, fixed for the engine's lifetime.
+
+The first calibration is bounded (``CALIBRATION_BUDGET_S``): the shapes that matter most are
+timed first, and whatever the budget leaves out is interpolated or extrapolated by the table.
 """
 
 from __future__ import annotations
@@ -31,7 +36,10 @@ log = logging.getLogger("specdec.cost_model")
 
 CALIBRATION_CONTEXT = 128  # cached tokens per request while timing (a short chat turn)
 CALIBRATION_REPEATS = 3
-SCALE_DECAY = 0.9  # weight of the old scale when a real step is observed
+# Seconds the first calibration may take (measured here: ~16 s for the default pair on a quiet
+# machine, 204 s on a busy one before this cap); shapes not timed by then are extrapolated.
+CALIBRATION_BUDGET_S = 30.0
+SCALE_DECAY = 0.9  # weight of the old value when a real step is observed
 
 
 def _grid(limit: int) -> list[int]:
@@ -61,47 +69,72 @@ class CostTable:
         slope = (secs[hi] - secs[lo]) / (sizes[hi] - sizes[lo])
         return secs[lo] + slope * (n - sizes[lo])
 
+    def copy(self) -> "CostTable":
+        return CostTable(list(self.sizes), list(self.seconds))
+
+    def observe(self, n: float, ratio: float) -> None:
+        """A real forward of size ``n`` cost ``ratio`` times what the table says: move the grid
+        points that predict ``n`` toward it, each by its interpolation weight (one exponential
+        moving average per bucket; past the last point, the last point alone)."""
+        sizes = self.sizes
+        i = bisect.bisect_left(sizes, n)
+        if i == 0 or i >= len(sizes):
+            weights = [(min(i, len(sizes) - 1), 1.0)]
+        else:
+            w = (n - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
+            weights = [(i - 1, 1.0 - w), (i, w)]
+        for j, weight in weights:
+            self.seconds[j] *= 1.0 + (1.0 - SCALE_DECAY) * weight * (ratio - 1.0)
+
 
 @dataclass
 class StepCostModel:
-    """Measured step costs (``frozen``) and their live scale factors (``target``/``draft``)."""
+    """Step costs: the ``frozen`` tables (as measured or loaded at start) and ``live`` copies that
+    real steps keep correcting (``observe_*``)."""
 
     target_table: CostTable
     draft_table: CostTable | None
-    target_scale: float = 1.0
-    draft_scale: float = 1.0
+    live_target: CostTable = field(default=None)  # type: ignore[assignment]  # a copy by default
+    live_draft: CostTable | None = None
     observed_steps: int = field(default=0)
 
+    def __post_init__(self) -> None:
+        if self.live_target is None:
+            self.live_target = self.target_table.copy()
+        if self.live_draft is None and self.draft_table is not None:
+            self.live_draft = self.draft_table.copy()
+
     def target(self, n: int, frozen: bool = False) -> float:
-        return self.target_table(n) * (1.0 if frozen else self.target_scale)
+        return (self.target_table if frozen else self.live_target)(n)
 
     def draft(self, n: float, frozen: bool = False) -> float:
-        if self.draft_table is None:
-            return 0.0
-        return self.draft_table(n) * (1.0 if frozen else self.draft_scale)
+        table = self.draft_table if frozen else self.live_draft
+        return table(n) if table is not None else 0.0
 
     def observe_target(self, n: int, seconds: float) -> None:
-        """A real decode step scored ``n`` tokens in ``seconds``: move the live scale toward it."""
-        predicted = self.target_table(n)
+        """A real decode step scored ``n`` tokens in ``seconds``: move the live table toward it."""
+        predicted = self.live_target(n)
         if predicted > 0 and seconds > 0:
-            self.target_scale = SCALE_DECAY * self.target_scale + (1 - SCALE_DECAY) * seconds / predicted
+            self.live_target.observe(n, seconds / predicted)
             self.observed_steps += 1
 
     def observe_draft(self, forwards: list[int], seconds: float) -> None:
         """Real draft forwards of ``forwards[j]`` requests each took ``seconds`` in all."""
-        if self.draft_table is None:
+        if self.live_draft is None:
             return
-        predicted = sum(self.draft_table(n) for n in forwards)
+        predicted = sum(self.live_draft(n) for n in forwards)
         if predicted > 0 and seconds > 0:
-            self.draft_scale = SCALE_DECAY * self.draft_scale + (1 - SCALE_DECAY) * seconds / predicted
+            for n in forwards:
+                self.live_draft.observe(n, seconds / predicted)
 
-    def describe(self) -> str:
+    def describe(self, live: bool = False) -> str:
         def row(table: CostTable) -> str:
             return " ".join(f"{n}:{s * 1e3:.1f}" for n, s in zip(table.sizes, table.seconds))
 
-        text = f"target ms by tokens {{{row(self.target_table)}}}"
-        if self.draft_table is not None:
-            text += f"; draft ms by requests {{{row(self.draft_table)}}}"
+        target, draft = (self.live_target, self.live_draft) if live else (self.target_table, self.draft_table)
+        text = f"target ms by tokens {{{row(target)}}}"
+        if draft is not None:
+            text += f"; draft ms by requests {{{row(draft)}}}"
         return text
 
     @classmethod
@@ -112,46 +145,76 @@ class StepCostModel:
 
 
 def calibrate(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_tokens_per_seq: int,
-              max_len: int) -> StepCostModel:
+              max_len: int, budget_s: float = CALIBRATION_BUDGET_S, repeats: int = CALIBRATION_REPEATS) -> StepCostModel:
     """Time the step shapes this engine can produce, on its own runners (uses their caches' slots;
-    every slot is overwritten by the next prefill, so nothing leaks into requests)."""
-    context = max(min(CALIBRATION_CONTEXT, max_len - max_tokens_per_seq - 1), 0)
+    every slot is overwritten by the next prefill, so nothing leaks into requests). At most
+    ``budget_s`` seconds (a shape already started is finished): the one-request shapes first, then
+    the larger ones; untimed shapes are left to the table's inter- and extrapolation."""
     t0 = time.perf_counter()
-    runners = [target] + ([draft] if draft is not None else [])
-    if context:
-        for runner in runners:
-            for slot in range(max_seqs):
-                runner.forward([ForwardItem(slot, 0, [1] * context, 1)])
-    target_table = _time_target(target, max_seqs, max_tokens_per_seq, context)
-    draft_table = _time_draft(draft, max_seqs, context) if draft is not None else None
-    model = StepCostModel(target_table, draft_table)
-    log.info("step costs measured in %.1f s: %s", time.perf_counter() - t0, model.describe())
+    shapes = _shapes(target, draft, max_seqs, max_tokens_per_seq, _prefill_context(target, draft, max_seqs,
+                                                                                   max_tokens_per_seq, max_len))
+    timed: dict[str, dict[int, float]] = {"target": {}, "draft": {}}
+    for role, runner, n, items in shapes:
+        if timed[role] and time.perf_counter() - t0 > budget_s:
+            continue
+        timed[role][n] = _median_seconds(runner, items, repeats)
+    def table(role: str) -> CostTable:
+        sizes = sorted(timed[role])
+        return CostTable(sizes, [timed[role][n] for n in sizes])
+
+    model = StepCostModel(table("target"), table("draft") if draft is not None else None)
+    total = sum(1 for _ in shapes)
+    done = len(timed["target"]) + len(timed["draft"])
+    log.info("step costs measured in %.1f s (cap %.0f s, %d of %d shapes timed%s): %s", time.perf_counter() - t0,
+             budget_s, done, total, "" if done == total else ", the rest extrapolated", model.describe())
     return model
 
 
-def _time_target(runner: ModelRunner, max_seqs: int, per_seq: int, context: int) -> CostTable:
-    """A step of n tokens is laid out as the engine would: up to ``max_seqs`` requests, each 1
-    known token followed by drafts."""
-    sizes = _grid(max_seqs * per_seq)
-    seconds = []
-    for n in sizes:
+def warm_up(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_tokens_per_seq: int,
+            max_len: int, budget_s: float = CALIBRATION_BUDGET_S) -> float:
+    """Run every step shape once without timing it (costs came from the cache): the first batch
+    of each shape then runs as fast as the later ones (see ``Engine._measure_costs``). Bounded
+    like ``calibrate``; returns the seconds it took."""
+    t0 = time.perf_counter()
+    context = _prefill_context(target, draft, max_seqs, max_tokens_per_seq, max_len)
+    for _, runner, _, items in _shapes(target, draft, max_seqs, max_tokens_per_seq, context):
+        if time.perf_counter() - t0 > budget_s:
+            break
+        runner.forward(items)
+    return time.perf_counter() - t0
+
+
+def _prefill_context(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_tokens_per_seq: int,
+                     max_len: int) -> int:
+    """Give every slot of both models ``CALIBRATION_CONTEXT`` cached tokens; returns that length."""
+    context = max(min(CALIBRATION_CONTEXT, max_len - max_tokens_per_seq - 1), 0)
+    if context:
+        for runner in [target] + ([draft] if draft is not None else []):
+            for slot in range(max_seqs):
+                runner.forward([ForwardItem(slot, 0, [1] * context, 1)])
+    return context
+
+
+def _shapes(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, per_seq: int,
+            context: int) -> list[tuple[str, ModelRunner, int, list[ForwardItem]]]:
+    """Every shape to time, most needed first: one request's steps (1 token, then with drafts) and
+    one draft forward, then the batched ones. A target step of n tokens is laid out as the engine
+    would: up to ``max_seqs`` requests, each 1 known token followed by drafts."""
+    shapes = []
+    for n in _grid(max_seqs * per_seq):
         seqs = min(max_seqs, n)
         lengths = [n // seqs + (1 if s < n % seqs else 0) for s in range(seqs)]
-        items = [ForwardItem(s, context, [1] * m, m, num_drafts=m - 1) for s, m in enumerate(lengths)]
-        seconds.append(_median_seconds(runner, items))
-    return CostTable(sizes, seconds)
+        shapes.append(("target", target, n, [ForwardItem(s, context, [1] * m, m, num_drafts=m - 1)
+                                             for s, m in enumerate(lengths)]))
+    if draft is not None:
+        shapes += [("draft", draft, n, [ForwardItem(s, context, [1], 1) for s in range(n)]) for n in _grid(max_seqs)]
+    return sorted(shapes, key=lambda shape: (shape[2] > per_seq, shape[2], shape[0]))
 
 
-def _time_draft(runner: ModelRunner, max_seqs: int, context: int) -> CostTable:
-    sizes = _grid(max_seqs)
-    seconds = [_median_seconds(runner, [ForwardItem(s, context, [1], 1) for s in range(n)]) for n in sizes]
-    return CostTable(sizes, seconds)
-
-
-def _median_seconds(runner: ModelRunner, items: list[ForwardItem]) -> float:
+def _median_seconds(runner: ModelRunner, items: list[ForwardItem], repeats: int = CALIBRATION_REPEATS) -> float:
     runner.forward(items)  # warm-up: first calls of a shape allocate
     times = []
-    for _ in range(CALIBRATION_REPEATS):
+    for _ in range(repeats):
         t0 = time.perf_counter()
         runner.forward(items)
         if runner.device.type == "cuda":
