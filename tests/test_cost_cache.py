@@ -86,9 +86,14 @@ def test_the_first_calibration_keeps_to_its_budget(pair, caplog) -> None:
     draft = ModelRunner(pair[1].model, 4, 160, 49152)
     with caplog.at_level(logging.INFO, logger="specdec"):
         costs = calibrate(target, draft, 4, 3, 160, budget_s=0.0, repeats=1)
-    # A spent budget still times one shape per model: one request's single-token step and draft.
-    assert costs.target_table.sizes == [1] and costs.draft_table is not None and costs.draft_table.sizes == [1]
-    assert "2 of 11 shapes timed, the rest extrapolated" in caplog.text and "cap 0 s" in caplog.text
+    # A spent budget still times the required shapes (target 1 and 2 tokens, a 1-request draft);
+    # every other grid size is extrapolated from them, never below a smaller size's cost.
+    assert costs.target_table.sizes == [1, 2, 3, 4, 6, 8, 12]
+    assert costs.draft_table is not None and costs.draft_table.sizes == [1, 2, 3, 4]
+    t, d = costs.target_table.seconds, costs.draft_table.seconds
+    assert t[2] == pytest.approx(max(t[0] + 2 * (t[1] - t[0]), t[0], t[1]))
+    assert t == sorted(t) and d == pytest.approx([d[0] * n for n in (1, 2, 3, 4)])
+    assert "3 of 11 shapes timed, the others extrapolated" in caplog.text and "cap 0 s" in caplog.text
 
 
 def test_a_cache_of_another_key_or_broken_is_ignored(tmp_path: Path, caplog) -> None:

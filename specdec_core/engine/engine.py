@@ -153,10 +153,10 @@ class Engine:
             "draft_vocab_size": cfg.draft_vocab_size if draft is not None else None})
         cached = self.cost_cache.load()
         if cached is not None:
-            with phase(log, "warming up every step shape (step costs from the cache)"):
-                warm_up(*shape)
-            log.info("step costs loaded from the cache %s (corrected by %d real steps so far): %s",
-                     self.cost_cache.path, cached.observed_steps, cached.describe())
+            with phase(log, "warming up the step shapes (step costs from the cache)"):
+                ran = warm_up(*shape)
+            log.info("step costs loaded from the cache %s (corrected by %d real steps so far; %d step shapes "
+                     "warmed up): %s", self.cost_cache.path, cached.observed_steps, ran, cached.describe())
             return cached
         with phase(log, "calibrating: timing target and draft steps for the speculation policy"):
             costs = calibrate(*shape)

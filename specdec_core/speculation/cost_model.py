@@ -15,15 +15,15 @@ exponential moving average per size bucket: longer contexts, a loaded machine), 
 tables are what ``cost_cache`` saves for the next start. Requests whose choice must not depend on
 other requests use the ``frozen`` tables only, fixed for the engine's lifetime.
 
-The first calibration is bounded (``CALIBRATION_BUDGET_S``): the shapes that matter most are
-timed first, and whatever the budget leaves out is interpolated or extrapolated by the table.
+The first calibration is bounded (``CALIBRATION_BUDGET_S``): the small shapes are timed first,
+and every shape the budget leaves out gets the timed ones' extrapolation, a bucket of its own
+that real steps then correct.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -39,6 +39,10 @@ CALIBRATION_REPEATS = 3
 # Seconds the first calibration may take (measured here: ~16 s for the default pair on a quiet
 # machine, 204 s on a busy one before this cap); shapes not timed by then are extrapolated.
 CALIBRATION_BUDGET_S = 30.0
+# Seconds the warm-up of a start whose costs came from the cache may take: on a busy machine every
+# forward is many times slower (measured here at load 9 on 2 cores: all 11 shapes of SmolLM2 took
+# 30 s), and a start that found its costs should not pay that again.
+WARM_UP_BUDGET_S = 5.0
 SCALE_DECAY = 0.9  # weight of the old value when a real step is observed
 
 
@@ -147,52 +151,91 @@ class StepCostModel:
 def calibrate(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_tokens_per_seq: int,
               max_len: int, budget_s: float = CALIBRATION_BUDGET_S, repeats: int = CALIBRATION_REPEATS) -> StepCostModel:
     """Time the step shapes this engine can produce, on its own runners (uses their caches' slots;
-    every slot is overwritten by the next prefill, so nothing leaks into requests). At most
-    ``budget_s`` seconds (a shape already started is finished): the one-request shapes first, then
-    the larger ones; untimed shapes are left to the table's inter- and extrapolation."""
+    every slot is overwritten by the next prefill, so nothing leaks into requests). Bounded by
+    ``budget_s``: after the shapes every table needs (``_REQUIRED``), a shape is timed only while
+    time is left (one already started is finished); the small shapes come first. Untimed shapes
+    get the timed ones' inter- or extrapolation, which real steps then correct bucket by bucket."""
     t0 = time.perf_counter()
-    shapes = _shapes(target, draft, max_seqs, max_tokens_per_seq, _prefill_context(target, draft, max_seqs,
-                                                                                   max_tokens_per_seq, max_len))
+    bench = _Bench(max_len, max_tokens_per_seq)
+    shapes = _shapes(target, draft, max_seqs, max_tokens_per_seq, bench.context)
     timed: dict[str, dict[int, float]] = {"target": {}, "draft": {}}
     for role, runner, n, items in shapes:
-        if timed[role] and time.perf_counter() - t0 > budget_s:
+        if (role, n) not in _REQUIRED and time.perf_counter() - t0 > budget_s:
             continue
-        timed[role][n] = _median_seconds(runner, items, repeats)
+        bench.fill(runner, len(items))
+        timed[role][n] = _fastest_seconds(runner, items, repeats)
+
     def table(role: str) -> CostTable:
-        sizes = sorted(timed[role])
-        return CostTable(sizes, [timed[role][n] for n in sizes])
+        """Every grid size: timed, else extrapolated, never below a smaller size's cost (noise in
+        two close timings must not extrapolate to a cost that falls, or turns negative)."""
+        sizes = sorted(n for r, _, n, _ in shapes if r == role)
+        seconds, floor = [], 0.0
+        for n in sizes:
+            value = timed[role].get(n)
+            if value is None:
+                value = max(_extrapolate(timed[role], n), floor)
+            floor = max(floor, value)
+            seconds.append(value)
+        return CostTable(sizes, seconds)
 
     model = StepCostModel(table("target"), table("draft") if draft is not None else None)
-    total = sum(1 for _ in shapes)
     done = len(timed["target"]) + len(timed["draft"])
-    log.info("step costs measured in %.1f s (cap %.0f s, %d of %d shapes timed%s): %s", time.perf_counter() - t0,
-             budget_s, done, total, "" if done == total else ", the rest extrapolated", model.describe())
+    log.info("step costs measured in %.1f s (cap %.0f s; %d of %d shapes timed%s; %.1f s of it giving the "
+             "slots their %d cached tokens): %s", time.perf_counter() - t0, budget_s, done, len(shapes),
+             "" if done == len(shapes) else ", the others extrapolated until real steps correct them",
+             bench.fill_seconds, bench.context, model.describe())
     return model
 
 
+def _extrapolate(timed: dict[int, float], n: int) -> float:
+    """An untimed size's cost: interpolated between timed sizes, and past the largest one along the
+    slope from the smallest to the largest (steadier than the last segment's slope when two close
+    timings on a busy machine disagree); one timed size: proportional to it."""
+    sizes = sorted(timed)
+    if n < sizes[-1] or len(sizes) == 1:
+        return CostTable(sizes, [timed[m] for m in sizes])(n)
+    slope = (timed[sizes[-1]] - timed[sizes[0]]) / (sizes[-1] - sizes[0])
+    return timed[sizes[-1]] + slope * (n - sizes[-1])
+
+
 def warm_up(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_tokens_per_seq: int,
-            max_len: int, budget_s: float = CALIBRATION_BUDGET_S) -> float:
-    """Run every step shape once without timing it (costs came from the cache): the first batch
-    of each shape then runs as fast as the later ones (see ``Engine._measure_costs``). Bounded
-    like ``calibrate``; returns the seconds it took."""
+            max_len: int, budget_s: float = WARM_UP_BUDGET_S) -> int:
+    """Run every step shape once, untimed, over empty caches (costs came from the cache, so no
+    slot needs a cached context): every batch size the calibration would have run passes through
+    the linear layers and the head once before requests do (see ``Engine._measure_costs``),
+    smallest first, for at most ``budget_s``. Returns how many shapes ran."""
     t0 = time.perf_counter()
-    context = _prefill_context(target, draft, max_seqs, max_tokens_per_seq, max_len)
-    for _, runner, _, items in _shapes(target, draft, max_seqs, max_tokens_per_seq, context):
+    ran = 0
+    for _, runner, _, items in _shapes(target, draft, max_seqs, max_tokens_per_seq, context=0):
         if time.perf_counter() - t0 > budget_s:
             break
         runner.forward(items)
-    return time.perf_counter() - t0
+        ran += 1
+    return ran
 
 
-def _prefill_context(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_tokens_per_seq: int,
-                     max_len: int) -> int:
-    """Give every slot of both models ``CALIBRATION_CONTEXT`` cached tokens; returns that length."""
-    context = max(min(CALIBRATION_CONTEXT, max_len - max_tokens_per_seq - 1), 0)
-    if context:
-        for runner in [target] + ([draft] if draft is not None else []):
-            for slot in range(max_seqs):
-                runner.forward([ForwardItem(slot, 0, [1] * context, 1)])
-    return context
+# The shapes a calibration times whatever its budget: two target points give the table a slope,
+# one draft point its scale.
+_REQUIRED = {("target", 1), ("target", 2), ("draft", 1)}
+
+
+class _Bench:
+    """Gives the slots a shape uses ``CALIBRATION_CONTEXT`` cached tokens, each slot once and
+    only when a shape first needs it (a bounded calibration does not pay for slots it never uses)."""
+
+    def __init__(self, max_len: int, max_tokens_per_seq: int) -> None:
+        self.context = max(min(CALIBRATION_CONTEXT, max_len - max_tokens_per_seq - 1), 0)
+        self.filled: dict[int, int] = {}  # id(runner) -> slots filled
+        self.fill_seconds = 0.0
+
+    def fill(self, runner: ModelRunner, slots: int) -> None:
+        t0 = time.perf_counter()
+        done = self.filled.get(id(runner), 0)
+        if self.context:
+            for slot in range(done, slots):
+                runner.forward([ForwardItem(slot, 0, [1] * self.context, 1)])
+        self.filled[id(runner)] = max(done, slots)
+        self.fill_seconds += time.perf_counter() - t0
 
 
 def _shapes(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, per_seq: int,
@@ -211,7 +254,10 @@ def _shapes(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, per_s
     return sorted(shapes, key=lambda shape: (shape[2] > per_seq, shape[2], shape[0]))
 
 
-def _median_seconds(runner: ModelRunner, items: list[ForwardItem], repeats: int = CALIBRATION_REPEATS) -> float:
+def _fastest_seconds(runner: ModelRunner, items: list[ForwardItem], repeats: int = CALIBRATION_REPEATS) -> float:
+    """The fastest of ``repeats`` runs: another process taking the CPU only ever adds time, so the
+    minimum is the shape's own cost (the median let one busy moment double it); what the load
+    adds while serving is learned from real steps."""
     runner.forward(items)  # warm-up: first calls of a shape allocate
     times = []
     for _ in range(repeats):
@@ -220,7 +266,7 @@ def _median_seconds(runner: ModelRunner, items: list[ForwardItem], repeats: int 
         if runner.device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def observe_step(costs: StepCostModel, items: list[ScheduledRequest], draft_s: float, target_s: float, max_draft_rows: int) -> None:
