@@ -288,7 +288,12 @@ class Engine:
         outputs = []
         for b, it in enumerate(plan.items):
             if it.prompt_rows and outcome.prompt_logits is not None and outcome.prompt_start is not None:
-                self._score_prompt(it.request, outcome.prompt_logits, outcome.prompt_start[b], it.prompt_rows)
+                try:
+                    self._score_prompt(it.request, outcome.prompt_logits, outcome.prompt_start[b], it.prompt_rows)
+                except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
+                    log.error("request %s failed", it.request.request_id, exc_info=exc)
+                    outputs.append(self._fail(it.request, exc))
+                    continue
             it.request.num_computed += it.num_new
             self.scheduler.record_prefill(it.request)
             if outcome.draft_cached[b] is not None:

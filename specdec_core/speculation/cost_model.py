@@ -98,15 +98,13 @@ class StepCostModel:
 
     target_table: CostTable
     draft_table: CostTable | None
-    live_target: CostTable = field(default=None)  # type: ignore[assignment]  # a copy by default
-    live_draft: CostTable | None = None
-    observed_steps: int = field(default=0)
+    observed_steps: int = 0
+    live_target: CostTable = field(init=False)
+    live_draft: CostTable | None = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.live_target is None:
-            self.live_target = self.target_table.copy()
-        if self.live_draft is None and self.draft_table is not None:
-            self.live_draft = self.draft_table.copy()
+        self.live_target = self.target_table.copy()
+        self.live_draft = self.draft_table.copy() if self.draft_table is not None else None
 
     def target(self, n: int, frozen: bool = False) -> float:
         return (self.target_table if frozen else self.live_target)(n)
