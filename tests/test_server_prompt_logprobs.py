@@ -134,6 +134,8 @@ def test_bad_requests_are_400s_naming_the_field(server, body: dict, param: str) 
     assert out.status_code == 400, out.text
     error = out.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error" and error["code"]
+    if param == "max_tokens":
+        assert error["code"] == "integer_below_min_value" and "'echo': true" in error["message"]
 
 
 def test_lm_evaluation_harness_loglikelihood_request(server, model) -> None:

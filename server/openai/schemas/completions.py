@@ -24,7 +24,8 @@ class CompletionRequest(GenerationRequest):
     @classmethod
     def _zero_only_with_echo(cls, value: int, info: ValidationInfo) -> int:
         if value == 0 and info.data.get("echo") is not True:
-            raise invalid("must be >= 1, got 0 (0 is accepted with 'echo': true, which returns the prompt only).")
+            raise invalid("must be >= 1, got 0 (0 is accepted with 'echo': true, which returns the prompt only).",
+                          openai_code="integer_below_min_value")
         return value
 
     @field_validator("logprobs")
