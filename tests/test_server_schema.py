@@ -35,7 +35,7 @@ REFUSED = [
     (CompletionRequest, {**P, "max_tokens": "5"}, "max_tokens", ["must be an integer", 'string "5"']),
     (CompletionRequest, {**P, "max_tokens": 5.0}, "max_tokens", ["must be an integer"]),
     (CompletionRequest, {**P, "max_tokens": True}, "max_tokens", ["must be an integer", "boolean"]),
-    (CompletionRequest, {**P, "max_tokens": 0}, "max_tokens", ["must be >= 1, got 0"]),
+    (CompletionRequest, {**P, "max_tokens": 0}, "max_tokens", ["must be >= 1, got 0", "'echo': true"]),
     (CompletionRequest, {**P, "n": 2**64}, "n", ["must be <= 128", str(2**64)]),
     (CompletionRequest, {**P, "seed": SEED_MAX + 1}, "seed", [f"must be <= {SEED_MAX}"]),
     (CompletionRequest, {**P, "seed": SEED_MIN - 1}, "seed", [f"must be >= {SEED_MIN}"]),

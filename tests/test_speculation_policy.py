@@ -118,7 +118,8 @@ def test_a_seeded_sampled_request_gets_the_same_k_whatever_else_runs():
     crowded = plan([seeded] + [request(0.7) for _ in range(15)])
     assert alone[0] > 0 and crowded[0] == alone[0] and crowded[1:] == [0] * 15
     # Live cost corrections (a loaded machine) move everyone else, never the seeded request.
-    slow = StepCostModel(CPU_COSTS.target_table, CPU_COSTS.draft_table, target_scale=3.0)
+    slow = StepCostModel(CPU_COSTS.target_table, CPU_COSTS.draft_table)
+    slow.live_target.seconds = [3 * s for s in slow.live_target.seconds]
     assert plan([seeded], slow) == alone
 
 

@@ -85,8 +85,11 @@ class GenerationResponse:
 
     def body(self) -> rt.Envelope:
         """The non-streamed body of a generation whose choices all finished."""
-        choices = [self.renderer.choice(self.generation.choices[i]) for i in sorted(self.generation.choices)]
-        return self._envelope(choices, self._usage(), self.generation.speculative(), chunk=False)
+        done = [self.generation.choices[i] for i in sorted(self.generation.choices)]
+        body = self._envelope([self.renderer.choice(c) for c in done], self._usage(), self.generation.speculative(),
+                              chunk=False)
+        body.update(self.renderer.body_fields(done))  # type: ignore[typeddict-item]
+        return body
 
     async def respond(self, request: Request, *, stream: bool) -> Response:
         if stream:

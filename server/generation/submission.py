@@ -55,6 +55,9 @@ class Choice:
     index: int
     prompt_tokens: int
     counts_prompt: bool
+    prompt_ids: list[int] = field(default_factory=list)
+    # When asked for: per prompt token (the first None), from the engine's first delta.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     text: list[str] = field(default_factory=list)
     num_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -90,7 +93,7 @@ class Generation:
         self.jobs = jobs
         self.arrival = arrival
         self.log_fields = log_fields
-        self.choices = {job.index: Choice(job.index, len(job.prompt_ids), job.counts_prompt) for job in jobs}
+        self.choices = {job.index: Choice(job.index, len(job.prompt_ids), job.counts_prompt, job.prompt_ids) for job in jobs}
         self._end_checks = {job.index: job.end_check for job in jobs if job.end_check is not None}
         self.streams: dict[int, RequestStreamLike] = {}
         self._pumps: list[asyncio.Task[None]] = []
@@ -186,6 +189,8 @@ class Generation:
             choice.text.append(out.text)
         if out.logprobs:
             choice.logprobs.extend(out.logprobs)
+        if out.prompt_logprobs is not None:
+            choice.prompt_logprobs = out.prompt_logprobs
         if out.finished:
             choice.finished = True
             choice.finish_reason = out.finish_reason or "stop"

@@ -69,21 +69,53 @@ class CompletionLogprobs:
         self._offset = start_offset
 
     def piece(self, logprobs: Sequence[TokenLogprob]) -> rt.CompletionLogprobs:
-        tokens: list[str] = []
-        token_logprobs: list[float] = []
-        top_logprobs: list[dict[str, float]] = []
-        offsets: list[int] = []
-        for lp in logprobs:
-            token = self._text(lp.token_id)
-            tokens.append(token)
-            token_logprobs.append(lp.logprob)
-            # OpenAI: the top alternatives, plus the sampled token itself.
-            top = {self._text(tid): value for tid, value in lp.top}
-            top.setdefault(token, lp.logprob)
-            top_logprobs.append(top)
-            offsets.append(self._offset)
+        """Generated tokens, each with its top alternatives."""
+        return self._entries([(lp.token_id, lp) for lp in logprobs], None)
+
+    def prompt_piece(self, prompt_ids: Sequence[int], logprobs: Sequence[TokenLogprob | None],
+                     n_top: int) -> rt.CompletionLogprobs:
+        """An echoed prompt's tokens (OpenAI: the first one's logprob and top_logprobs null), each
+        cut to ``n_top`` alternatives (the engine may have computed more for ``prompt_logprobs``)."""
+        return self._entries(list(zip(prompt_ids, logprobs, strict=True)), n_top)
+
+    def _entries(self, entries: Sequence[tuple[int, TokenLogprob | None]], n_top: int | None) -> rt.CompletionLogprobs:
+        out: rt.CompletionLogprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token_id, lp in entries:
+            token = self._text(token_id)
+            out["tokens"].append(token)
+            out["text_offset"].append(self._offset)
             self._offset += len(token)
-        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
+            if lp is None:
+                out["token_logprobs"].append(None)
+                out["top_logprobs"].append(None)
+                continue
+            out["token_logprobs"].append(lp.logprob)
+            # OpenAI: the top alternatives, plus the token itself.
+            top = {self._text(tid): value for tid, value in lp.top[:n_top]}
+            top.setdefault(token, lp.logprob)
+            out["top_logprobs"].append(top)
+        return out
+
+    @staticmethod
+    def join(first: rt.CompletionLogprobs, second: rt.CompletionLogprobs) -> rt.CompletionLogprobs:
+        """An echoed prompt's piece followed by the generated tokens' piece."""
+        return {key: first[key] + second[key] for key in first}  # type: ignore[literal-required, operator, return-value]
+
+
+def prompt_logprobs(token_text: TokenText, logprobs: Sequence[TokenLogprob | None], n_top: int) -> rt.PromptLogprobs:
+    """vLLM's ``prompt_logprobs``: per prompt token, ``{token id: {logprob, rank, decoded_token}}``
+    for the token itself and its ``n_top`` most likely alternatives (ranks 1..n_top); the first
+    token's entry is null."""
+    out: rt.PromptLogprobs = []
+    for lp in logprobs:
+        if lp is None:
+            out.append(None)
+            continue
+        entry = {str(lp.token_id): rt.PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=token_text(lp.token_id))}
+        for rank, (tid, value) in enumerate(lp.top[:n_top], start=1):
+            entry.setdefault(str(tid), rt.PromptLogprob(logprob=value, rank=rank, decoded_token=token_text(tid)))
+        out.append(entry)
+    return out
 
 
 def chat_logprobs(token_text: TokenText, logprobs: Sequence[TokenLogprob]) -> rt.ChatLogprobs:

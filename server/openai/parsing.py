@@ -86,6 +86,7 @@ def to_api_error(error: ErrorDetails) -> APIError:
         return invalid_request(f"{field} {error['msg']}", param, code=LIMIT_EXCEEDED)
     if kind == "invalid_value":
         message = f"{field} {error['msg']}"
+        code = ctx.get("openai_code", code)  # a validator's own check of a bound names it as pydantic's would
     elif kind == "missing":
         message, code = f"{field} is required.", "missing_required_parameter"
     elif kind == "float_type" and json_type(value) == "integer":  # too large for a float

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from server.generation.submission import Choice
 from server.openai import response_types as rt
-from server.openai.bodies import CompletionLogprobs, TokenText, chat_logprobs
+from server.openai.bodies import CompletionLogprobs, TokenText, chat_logprobs, prompt_logprobs
 from server.tools.calls import CallDelta, CallParser, ToolCall
 from server.tools.tool_use import ToolUse
 from specdec_core.engine.outputs import TokenLogprob
@@ -43,6 +43,10 @@ class Renderer(Protocol):
         """A finished choice in a non-streamed body."""
         ...
 
+    def body_fields(self, choices: Sequence[Choice]) -> dict[str, Any]:
+        """Fields a non-streamed body carries beside its choices (chat's ``prompt_logprobs``)."""
+        ...
+
 
 def completion_choice(index: int, text: str, finish_reason: str | None, logprobs: rt.CompletionLogprobs | None) -> rt.CompletionChoice:
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -53,12 +57,17 @@ class CompletionRenderer:
     """``/v1/completions``: ``text_completion`` objects, legacy logprobs, optional ``echo``.
 
     ``echoes`` maps a choice index to its echoed prompt; a stream sends each echo as a chunk of its
-    own before any delta, and logprobs ``text_offset`` counts from the start of the echo.
+    own before any delta, and logprobs ``text_offset`` counts from the start of the echo. With
+    ``echo_logprobs`` (``echo`` and ``logprobs`` together, never streamed) the prompt's tokens lead
+    the ``logprobs`` object, that many alternatives each. ``prompt_logprobs``: vLLM's per-choice
+    field, that many alternatives.
     """
 
     token_text: TokenText
     logprobs: bool
     echoes: dict[int, str] = field(default_factory=dict)
+    echo_logprobs: int | None = None
+    prompt_logprobs: int | None = None
     # One incremental builder per streamed choice: text_offset continues across chunks.
     _builders: dict[int, CompletionLogprobs] = field(default_factory=dict, init=False, repr=False)
 
@@ -87,7 +96,17 @@ class CompletionRenderer:
         logprobs = None
         if self.logprobs:
             logprobs = CompletionLogprobs(self.token_text, len(prefix)).piece(choice.logprobs)
-        return completion_choice(choice.index, prefix + "".join(choice.text), choice.finish_reason, logprobs)
+        if logprobs is not None and self.echo_logprobs is not None and choice.prompt_logprobs is not None:
+            echoed = CompletionLogprobs(self.token_text).prompt_piece(choice.prompt_ids, choice.prompt_logprobs,
+                                                                     self.echo_logprobs)
+            logprobs = CompletionLogprobs.join(echoed, logprobs)
+        body = completion_choice(choice.index, prefix + "".join(choice.text), choice.finish_reason, logprobs)
+        if self.prompt_logprobs is not None and choice.prompt_logprobs is not None:
+            body["prompt_logprobs"] = prompt_logprobs(self.token_text, choice.prompt_logprobs, self.prompt_logprobs)
+        return body
+
+    def body_fields(self, choices: Sequence[Choice]) -> dict[str, Any]:
+        return {}
 
 
 def chat_chunk_choice(
@@ -112,6 +131,7 @@ class ChatRenderer:
     token_text: TokenText
     logprobs: bool
     tools: ToolUse | None = None
+    prompt_logprobs: int | None = None  # vLLM's field, on the body: the prompt every choice shares
     _parsers: dict[int, CallParser] = field(default_factory=dict, init=False, repr=False)
 
     def object_name(self, *, chunk: bool) -> str:
@@ -156,6 +176,12 @@ class ChatRenderer:
             "logprobs": logprobs,
             "finish_reason": _finish_reason(choice.finish_reason, len(calls)),
         }
+
+    def body_fields(self, choices: Sequence[Choice]) -> dict[str, Any]:
+        given = next((c.prompt_logprobs for c in choices if c.prompt_logprobs is not None), None)
+        if self.prompt_logprobs is None or given is None:
+            return {}
+        return {"prompt_logprobs": prompt_logprobs(self.token_text, given, self.prompt_logprobs)}
 
     def _parser(self, index: int) -> CallParser:
         assert self.tools is not None

@@ -38,9 +38,21 @@ class CompletionLogprobs(TypedDict):
     """The legacy completions ``logprobs`` object (or one streamed piece of it)."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]  # None: an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
+
+
+class PromptLogprob(TypedDict):
+    """vLLM's entry for one token of a prompt position (keyed by the token id as a string)."""
+
+    logprob: float
+    rank: int | None
+    decoded_token: str
+
+
+# vLLM's ``prompt_logprobs``: per prompt token, the token and its top alternatives; the first null.
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
 
 
 class ChatTokenLogprob(TypedDict):
@@ -59,6 +71,7 @@ class CompletionChoice(TypedDict):
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
+    prompt_logprobs: NotRequired[PromptLogprobs]
 
 
 class FunctionCall(TypedDict):
@@ -128,3 +141,4 @@ class Envelope(TypedDict):
     usage: Usage | None
     system_fingerprint: str
     speculative: NotRequired[Speculative]
+    prompt_logprobs: NotRequired[PromptLogprobs]  # chat, as vLLM: the prompt all choices share

@@ -51,7 +51,8 @@ async def create_chat_completion(request: Request) -> Response:
     jobs = [Job(i, prompt_ids, req.to_sampling_params(budget, i, structured), counts_prompt=i == 0,
                 end_check=tool_use.end_check() if tool_use.offered else None) for i in range(req.n)]
 
-    renderer = ChatRenderer(TokenText(tokenizer), req.num_logprobs is not None, tool_use if tool_use.offered else None)
+    renderer = ChatRenderer(TokenText(tokenizer), req.num_logprobs is not None, tool_use if tool_use.offered else None,
+                            prompt_logprobs=req.prompt_logprobs)
     return await generate(
         request, state, engine, jobs, renderer, endpoint="chat.completions", id_prefix="chatcmpl", model=model,
         stream=req.stream, include_usage=req.include_usage, arrival=arrival,

@@ -46,7 +46,8 @@ async def create_completion(request: Request) -> Response:
                 echoes[index] = prompt if isinstance(prompt, str) else tokenizer.decode(ids)
 
     await check_structured(state, engine, structured, "response_format")
-    renderer = CompletionRenderer(TokenText(tokenizer), req.num_logprobs is not None, echoes)
+    renderer = CompletionRenderer(TokenText(tokenizer), req.num_logprobs is not None, echoes,
+                                  echo_logprobs=req.logprobs if req.echo else None, prompt_logprobs=req.prompt_logprobs)
     return await generate(
         request, state, engine, jobs, renderer, endpoint="completions", id_prefix="cmpl", model=model,
         stream=req.stream, include_usage=req.include_usage, arrival=arrival,

@@ -1,4 +1,5 @@
-"""Log-probabilities of emitted tokens, read from the logits verification already computed."""
+"""Log-probabilities read from logits a step already computed: of emitted tokens (verification's
+rows) and of prompt tokens (the prefill's rows, for requests that ask)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,21 @@ import torch
 from specdec_core.engine.outputs import TokenLogprob
 
 
-def token_logprobs(logits: torch.Tensor, tokens: list[int], n_top: int) -> list[TokenLogprob]:
-    """The target's raw log-probabilities of ``tokens`` (one logits row each) and the ``n_top``
-    most likely alternatives: no extra forward."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = lp.gather(1, torch.tensor(tokens, device=lp.device)[:, None]).squeeze(1).tolist()
+def token_logprobs(scores: torch.Tensor, tokens: list[int], n_top: int, *, ranks: bool = False) -> list[TokenLogprob]:
+    """The log-probabilities of ``tokens`` (one row of ``scores`` each: raw logits, or the
+    processed scores a request samples from) and the ``n_top`` most likely alternatives: no
+    extra forward. Tokens a processed row rules out (-inf) are never listed as alternatives.
+    ``ranks``: also each token's rank (1 = the most likely), a compare over the vocabulary."""
+    if not tokens:
+        return []
+    lp = torch.log_softmax(scores.float(), dim=-1)
+    index = torch.tensor(tokens, device=lp.device)[:, None]
+    chosen_t = lp.gather(1, index)
+    chosen = chosen_t.squeeze(1).tolist()
+    rank = ((lp > chosen_t).sum(dim=1) + 1).tolist() if ranks else [None] * len(tokens)
     top_v, top_i = lp.topk(n_top, dim=-1) if n_top else (lp[:, :0], lp[:, :0].long())
-    return [TokenLogprob(t, c, list(zip(ti, tv))) for t, c, ti, tv in zip(tokens, chosen, top_i.tolist(), top_v.tolist())]
+    out = []
+    for t, c, r, ti, tv in zip(tokens, chosen, rank, top_i.tolist(), top_v.tolist()):
+        top = [(i, v) for i, v in zip(ti, tv) if v != float("-inf")]
+        out.append(TokenLogprob(t, c, top, r))
+    return out

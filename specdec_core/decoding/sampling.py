@@ -163,6 +163,34 @@ def apply(logits: torch.Tensor, t: WarpTable, drafts: torch.Tensor | None = None
     A row left with no finite logit (a reduced draft head that scores none of the tokens a grammar
     allows) gets all-zero probabilities: verification rejects whatever was drawn from it.
     ``drafts``: the step's ``[B, K]`` draft tokens, counted by the penalties of later rows."""
+    logits = _edit(logits, t, drafts)
+    if t.any_greedy:
+        onehot = torch.zeros_like(logits).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    if t.all_greedy:
+        probs = onehot
+    else:
+        probs = torch.softmax(_scale(logits, t), dim=-1)
+        if t.any_greedy:
+            probs = torch.where(t.greedy[:, None], onehot, probs)
+    if t.edits:
+        probs = probs.masked_fill(~torch.isfinite(logits).any(dim=-1, keepdim=True), 0.0)
+    return probs
+
+
+def processed_scores(logits: torch.Tensor, t: WarpTable, drafts: torch.Tensor | None = None) -> torch.Tensor:
+    """Scores whose log-softmax is the distribution each row samples from (``apply``'s rule
+    before the softmax): edited logits, then temperature, top-k and top-p on sampled rows; a
+    greedy row keeps its edited logits (its one-hot law says nothing about the alternatives).
+    What ``logprobs_mode: processed_logprobs`` reports; rows that rule a token out hold -inf."""
+    logits = _edit(logits, t, drafts)
+    if t.all_greedy:
+        return logits
+    scaled = _scale(logits, t)
+    return torch.where(t.greedy[:, None], logits, scaled) if t.any_greedy else scaled
+
+
+def _edit(logits: torch.Tensor, t: WarpTable, drafts: torch.Tensor | None) -> torch.Tensor:
+    """Grammar mask, ``min_tokens`` ban, logit bias and penalties: what every row's law starts from."""
     logits = logits.float()
     n, vocab = logits.shape
     if t.allowed is not None:
@@ -178,20 +206,15 @@ def apply(logits: torch.Tensor, t: WarpTable, drafts: torch.Tensor | None = None
             counts = counts.reshape(-1).index_add(0, rows * vocab + drafts.reshape(-1)[src],
                                                   torch.ones_like(rows, dtype=counts.dtype)).view(n, vocab)
         logits = logits - (freq[:, None] * counts + presence[:, None] * (counts > 0).float())
-    if t.any_greedy:
-        onehot = torch.zeros_like(logits).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
-    if t.all_greedy:
-        probs = onehot
-    else:
-        scaled = logits / t.temperature[:, None]
-        if t.truncates:
-            scaled = _top_k_top_p(scaled, t.top_k, t.top_p)
-        probs = torch.softmax(scaled, dim=-1)
-        if t.any_greedy:
-            probs = torch.where(t.greedy[:, None], onehot, probs)
-    if t.edits:
-        probs = probs.masked_fill(~torch.isfinite(logits).any(dim=-1, keepdim=True), 0.0)
-    return probs
+    return logits
+
+
+def _scale(logits: torch.Tensor, t: WarpTable) -> torch.Tensor:
+    """Temperature, then top-k / top-p: sampled rows' scores before the softmax."""
+    scaled = logits / t.temperature[:, None]
+    if t.truncates:
+        scaled = _top_k_top_p(scaled, t.top_k, t.top_p)
+    return scaled
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

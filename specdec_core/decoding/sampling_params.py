@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from specdec_core.decoding.structured_output import StructuredOutput
+
+# What ``logprobs`` reports (vLLM's names): the model's own distribution, or the one sampled from.
+LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
+MAX_LOGPROBS = 20
 
 # Temperatures below this are greedy (as in vLLM): dividing logits by 1e-38 overflows float32 to
 # inf, and the softmax of that is NaN, so sampling produced garbage rather than the argmax it tends to.
@@ -19,7 +24,14 @@ class SamplingParams:
     ``num_speculative_tokens``: ``None`` uses the engine default, ``0`` turns speculation off for
     this request, a smaller positive value lowers k (it is capped by the engine's k).
     ``logprobs``: number of top alternatives per emitted token (0 = only the chosen token's
-    log-probability, ``None`` = none). Log-probabilities are the target's raw distribution.
+    log-probability, ``None`` = none). ``logprobs_mode``: ``raw_logprobs`` (the target's own
+    distribution: under a grammar, the unconstrained model's) or ``processed_logprobs`` (the
+    distribution sampled from: after the grammar mask, ``min_tokens`` ban, logit bias, penalties,
+    and for sampled requests temperature, top-k and top-p; greedy requests: before the argmax).
+    ``prompt_logprobs``: per prompt token after the first, its raw log-probability, rank and the
+    this many most likely alternatives (``None`` = none); the request then takes nothing from the
+    prefix cache, so every prompt position is computed. ``max_tokens`` 0: the prompt is only
+    scored (prompt log-probabilities), nothing is generated.
     ``logit_bias``: token id -> value in [-100, 100] added to that token's logit before warping
     (draft and target alike). ``min_tokens``: EOS and ``stop_token_ids`` are masked until this many
     tokens were generated. ``structured``: the output must match it (see ``structured_output``).
@@ -37,6 +49,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    logprobs_mode: LogprobsMode = "raw_logprobs"
     num_speculative_tokens: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)
     min_tokens: int = 0
@@ -46,13 +60,17 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         checks = [
-            ("max_tokens", self.max_tokens >= 1, "must be >= 1"),
+            ("max_tokens", self.max_tokens >= 0, "must be >= 0"),
             ("temperature", 0.0 <= self.temperature <= 2.0, "must be in [0, 2]"),
             ("top_p", 0.0 < self.top_p <= 1.0, "must be in (0, 1]"),
             ("top_k", self.top_k >= 0, "must be >= 0 (0 disables it)"),
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "must be in [-2, 2]"),
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
-            ("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be in [0, 20]"),
+            ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, f"must be in [0, {MAX_LOGPROBS}]"),
+            ("prompt_logprobs", self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+             f"must be in [0, {MAX_LOGPROBS}]"),
+            ("logprobs_mode", self.logprobs_mode in ("raw_logprobs", "processed_logprobs"),
+             "must be 'raw_logprobs' or 'processed_logprobs'"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings"),
             ("min_tokens", 0 <= self.min_tokens <= self.max_tokens, "must be in [0, max_tokens]"),
             (

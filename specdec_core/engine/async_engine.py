@@ -202,6 +202,7 @@ class AsyncEngine:
                             outputs.append(out)
                 outputs += self.engine.step()
                 self._dispatch(outputs)
+            self.engine.save_costs()  # stopped: the next start begins from what this run learned
         except BaseException as exc:  # noqa: BLE001 - make a dead loop visible, never hang callers
             log.exception("engine loop died")
             self.dead_reason = f"{type(exc).__name__}: {exc}"

@@ -21,6 +21,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -44,11 +45,15 @@ from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.loading.draft_vocab import frequent_token_ids
 from specdec_core.loading.progress_log import phase
 from specdec_core.speculation.acceptance import Source
-from specdec_core.speculation.cost_model import StepCostModel, calibrate, observe_step
+from specdec_core.speculation.cost_cache import CostCache, machine, model_identity
+from specdec_core.speculation.cost_model import StepCostModel, calibrate, observe_step, warm_up
 from specdec_core.speculation.draft_model import DraftModelProposer
 from specdec_core.speculation.ngram import NgramProposer
 from specdec_core.speculation.policy import LookupProposer, SpeculationPolicy
 from specdec_core.speculation.suffix import SuffixProposer
+
+if TYPE_CHECKING:  # the loader is imported where models are loaded (it pulls in transformers)
+    from specdec_core.loading.loader import LoadedModel
 
 log = logging.getLogger("specdec.engine")
 
@@ -135,7 +140,8 @@ class Engine:
                                    self.kv.block_size, config.enable_prefix_caching)
         self.metrics = EngineMetrics()
         self._seed_rng = torch.Generator().manual_seed(config.seed if config.seed is not None else int(time.time_ns() % 2**31))
-        self.costs = self._measure_costs()
+        self.cost_cache: CostCache | None = None
+        self.costs = self._measure_costs(target, draft)
         self.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
         self.grammars.warm()
         self.policy = SpeculationPolicy(method, self.costs, config.adaptive_speculation, self.max_model_len, lookups)
@@ -148,18 +154,42 @@ class Engine:
         return size_kv(models, config.block_size, config.max_num_seqs, self.num_speculative_tokens,
                        config.max_model_len, budget)
 
-    def _measure_costs(self) -> StepCostModel:
-        """Time the step shapes this engine can produce (see ``cost_model``); without adaptive
-        speculation nothing reads them. With speculation off it still runs (target only, a few
-        seconds): its forwards over every batch shape are the warm-up that makes the first full
-        batch as fast as the later ones (measured: a server that skipped it decoded 16 requests
-        15% slower for the whole run, the allocator's state after large frees being the likely
-        cause)."""
+    def _measure_costs(self, target: LoadedModel, draft: LoadedModel | None) -> StepCostModel:
+        """The step costs of this configuration on this machine: from the cache when an earlier
+        start saved them (``cost_cache``), else timed over the step shapes this engine can produce
+        (``cost_model.calibrate``, bounded) and saved. Without adaptive speculation nothing reads
+        them. With speculation off it still runs (target only, a few seconds): its forwards over
+        every batch shape are the warm-up that makes the first full batch as fast as the later
+        ones (measured: a server that skipped it decoded 16 requests 15% slower for the whole run,
+        the allocator's state after large frees being the likely cause), so a cache hit still
+        runs every shape once, untimed."""
         if not self.config.adaptive_speculation:
             return StepCostModel.constant(self.draft_runner is not None)
+        cfg, shape = self.config, (self.target, self.draft_runner, self.config.max_num_seqs,
+                                   1 + self.num_speculative_tokens, self.max_model_len)
+        self.cost_cache = CostCache(cfg.cache_dir, {
+            "target": model_identity(target.path), "draft": model_identity(draft.path) if draft is not None else None,
+            "quantize": self.quantize, "attention": self.target.attention, "path": self.target.path,
+            "dtype": str(self.target.dtype), "device": self.target.device.type, "machine": machine(),
+            "max_num_seqs": cfg.max_num_seqs, "tokens_per_seq": shape[3], "max_model_len": cfg.max_model_len,
+            "draft_vocab_size": cfg.draft_vocab_size if draft is not None else None})
+        cached = self.cost_cache.load()
+        if cached is not None:
+            with phase(log, "warming up the step shapes (step costs from the cache)"):
+                ran = warm_up(*shape)
+            log.info("step costs loaded from the cache %s (corrected by %d real steps so far; %d step shapes "
+                     "warmed up): %s", self.cost_cache.path, cached.observed_steps, ran, cached.describe())
+            return cached
         with phase(log, "calibrating: timing target and draft steps for the speculation policy"):
-            return calibrate(self.target, self.draft_runner, self.config.max_num_seqs,
-                             1 + self.num_speculative_tokens, self.max_model_len, self.kv.block_size)
+            costs = calibrate(*shape)
+        self.cost_cache.save(costs)
+        log.info("step costs measured (no cache for this configuration) and saved to %s", self.cost_cache.path)
+        return costs
+
+    def save_costs(self) -> None:
+        """Write the step costs real steps have corrected (when the engine stops)."""
+        if self.cost_cache is not None:
+            self.cost_cache.save(self.costs)
 
     # ------------------------------------------------------------------ requests in and out
 
@@ -189,6 +219,8 @@ class Engine:
         k = self.num_speculative_tokens
         if params.num_speculative_tokens is not None:
             k = min(k, params.num_speculative_tokens)
+        if params.max_tokens == 0:
+            k = 0  # the prompt is only scored: nothing to draft for
         ban = sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)) if params.min_tokens else []
         return Request(
             request_id or uuid.uuid4().hex, ids, params, random.Random(seed),
@@ -239,6 +271,8 @@ class Engine:
         self.metrics.record_step(outcome.draft_seconds, outcome.target_seconds)
         observe_step(self.costs, plan.items, outcome.draft_seconds, outcome.target_seconds,
                      1 + self.num_speculative_tokens)
+        if self.cost_cache is not None:
+            self.cost_cache.save_later(self.costs)
         return self._commit_step(plan, outcome)                               # commit
 
     def _copy_prefixes(self, plan: ScheduledStep) -> None:
@@ -276,6 +310,13 @@ class Engine:
         and blocks are the scheduler's."""
         outputs = []
         for b, it in enumerate(plan.items):
+            if it.prompt_rows and outcome.prompt_logits is not None and outcome.prompt_start is not None:
+                try:
+                    self._score_prompt(it.request, outcome.prompt_logits, outcome.prompt_start[b], it.prompt_rows)
+                except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
+                    log.error("request %s failed", it.request.request_id, exc_info=exc)
+                    outputs.append(self._fail(it.request, exc))
+                    continue
             it.request.num_computed += it.num_new
             if outcome.draft_cached[b] is not None:
                 it.request.draft_computed = outcome.draft_cached[b]  # type: ignore[assignment]
@@ -285,9 +326,12 @@ class Engine:
                 continue  # still in prefill
             drafts = outcome.drafts[b]
             row = outcome.row_start[b]
+            scores = outcome.logits
+            if it.request.params.logprobs_mode == "processed_logprobs" and outcome.processed is not None:
+                scores = outcome.processed
             try:
                 out = self._commit(it.request, drafts, it.source, accepted, final,
-                                   outcome.logits[row:row + len(drafts) + 1])
+                                   scores[row:row + len(drafts) + 1])
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
                 log.error("request %s failed", it.request.request_id, exc_info=exc)
                 out = self._fail(it.request, exc)
@@ -329,15 +373,26 @@ class Engine:
         if reason is not None:
             req.finish(reason)
             return self._retire(req, kept, delta, logprobs)
-        return RequestOutput(req.request_id, kept, delta, logprobs=logprobs)
+        return RequestOutput(req.request_id, kept, delta, logprobs=logprobs, prompt_logprobs=req.take_prompt_logprobs())
+
+    def _score_prompt(self, req: Request, logits: torch.Tensor, start: int, rows: int) -> None:
+        """Prompt log-probabilities from the rows this step's prefill computed for ``req``: row i
+        (position ``num_computed + i``) scores the prompt token after it. Raw, whatever the
+        ``logprobs_mode``: no sampling rule applies to tokens that were given. Rows a preempted
+        request computes again were scored before it was preempted: they are skipped."""
+        s = req.num_computed
+        skip = min(max(len(req.prompt_logprobs) - s, 0), rows)
+        req.prompt_logprobs += token_logprobs(logits[start + skip:start + rows], req.all_ids[s + 1 + skip:s + 1 + rows],
+                                              req.params.prompt_logprobs or 0, ranks=True)
 
     def _retire(self, req: Request, kept: list[int], delta: str, logprobs: list[TokenLogprob] | None) -> RequestOutput:
         self.scheduler.remove(req)
         if self.suffix is not None:
             self.suffix.retire(req)
         self.metrics.total_finished += 1
+        prompt_logprobs = req.take_prompt_logprobs() if req.finish_reason in ("stop", "length") else None
         return RequestOutput(req.request_id, kept, delta, finished=True, finish_reason=req.finish_reason,
-                             logprobs=logprobs, error=req.error, stats=req.stats)
+                             logprobs=logprobs, error=req.error, stats=req.stats, prompt_logprobs=prompt_logprobs)
 
     def _fail(self, req: Request, exc: Exception) -> RequestOutput:
         self.metrics.total_failed += 1

@@ -13,11 +13,14 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 
 @dataclass
 class TokenLogprob:
-    """The target's log-probability of an emitted token and its top alternatives."""
+    """The target's log-probability of a token (emitted, or of the prompt) and its top
+    alternatives, most likely first; ``rank``: 1 + how many tokens were more likely (prompt
+    tokens only, as vLLM reports it)."""
 
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: int | None = None
 
 
 @dataclass
@@ -93,3 +96,6 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     error: str | None = None
     stats: RequestStats | None = None
+    # With the first delta of a request that asked for them: one entry per prompt token, the
+    # first ``None`` (nothing predicts it).
+    prompt_logprobs: list[TokenLogprob | None] | None = None

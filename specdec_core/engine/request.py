@@ -13,7 +13,7 @@ import torch
 from specdec_core.decoding.detokenizer import IncrementalDetokenizer
 from specdec_core.decoding.sampling import RowParams
 from specdec_core.decoding.sampling_params import SamplingParams
-from specdec_core.engine.outputs import FinishReason, RequestStats
+from specdec_core.engine.outputs import FinishReason, RequestStats, TokenLogprob
 from specdec_core.speculation.acceptance import LOOKUP_RELAX, LOOKUP_SOURCES, PRIOR, AcceptanceEstimate, Source
 
 if TYPE_CHECKING:  # types only: the request holds these, never calls into their modules' imports
@@ -80,6 +80,10 @@ class Request:
         self.grammar = grammar
         # Token ids masked until ``params.min_tokens`` tokens are out (EOS unless ignored, stop ids).
         self.min_tokens_ban = min_tokens_ban or []
+        # Prompt log-probabilities of prompt tokens 1.. as the prefill computes them (when asked
+        # for); handed out once, with the request's first delta.
+        self.prompt_logprobs: list[TokenLogprob] = []
+        self.prompt_logprobs_sent = False
 
     def alpha(self, source: Source) -> float:
         """This request's acceptance estimate for ``source`` now (see ``AcceptanceEstimate``)."""
@@ -125,6 +129,14 @@ class Request:
                 allowed = rest
         return allowed
 
+    def take_prompt_logprobs(self) -> list[TokenLogprob | None] | None:
+        """The whole prompt's log-probabilities (the first token's ``None``) the first time the
+        request emits a delta after its prefill, if it asked for them; else None."""
+        if self.params.prompt_logprobs is None or self.prompt_logprobs_sent:
+            return None
+        self.prompt_logprobs_sent = True
+        return [None, *self.prompt_logprobs]
+
     def draws(self, count: int) -> list[float]:
         """``count`` uniforms from the request's own stream: a seeded request draws the same
         numbers whatever shares its batch, on any device (they are drawn on the host, uploaded
@@ -140,6 +152,8 @@ class Request:
     def token_stop(self, new: list[int], eos_ids: set[int], max_model_len: int) -> tuple[list[int], FinishReason | None]:
         """``new`` cut at the first token-level stop: EOS / stop ids, max_tokens, max_model_len."""
         p = self.params
+        if p.max_tokens == 0:
+            return [], "length"  # the prompt was only to be scored
         for i, t in enumerate(new):
             if t in p.stop_token_ids or (not p.ignore_eos and t in eos_ids):
                 return new[: i + 1], "stop"

@@ -85,7 +85,11 @@ class Scheduler:
         need = blocks_for(req.num_tokens + req.max_spec_tokens, self.block_size)
         if self.pool.num_free < need + len(self.running):
             return False
-        hits = self.prefix.lookup(req.prompt_ids, self.pool.is_free) if self.prefix is not None else []
+        # Prompt log-probabilities need every prompt position's logits, which cached rows never
+        # had in this request: such a request prefills all of its prompt (and records its chunks
+        # for later requests as any other does; recomputed chunks are bit-identical).
+        lookup = self.prefix is not None and req.params.prompt_logprobs is None
+        hits = self.prefix.lookup(req.prompt_ids, self.pool.is_free) if lookup else []  # type: ignore[union-attr]
         in_place = [all(self.pool.is_free(b) for b in h.blocks) for h in hits]
         for h, here in zip(hits, in_place):
             if here:

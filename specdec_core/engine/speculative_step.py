@@ -11,7 +11,10 @@ one read). Nothing here moves request state: a step that fails leaves nothing to
 
 Host round trips per step: two (the upload and the read), plus one per draft position and one
 before verification for requests with a grammar (their masks depend on the drafts), plus one
-for requests that ask for log-probabilities.
+for requests that ask for log-probabilities. Requests that ask for prompt log-probabilities get
+their prompt rows' logits too (after every item's verification rows, which keep their places);
+requests that ask for processed log-probabilities get the scores they sampled from (one more
+warping pass, only in steps that have such a request).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_core.decoding.sampling import RowParams, TablePlan, stack_masks
+from specdec_core.decoding.sampling import RowParams, TablePlan, processed_scores, stack_masks
 from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.execution.host_upload import HostUpload, Ref
 from specdec_core.execution.model_runner import ForwardItem, ForwardPlan, ModelRunner
@@ -35,7 +38,9 @@ from specdec_core.speculation.policy import LookupProposer
 class StepOutcome:
     """What the commit reads: per item its drafts, how many were accepted and the next token
     (``None`` for an item still in prefill), the target logits and where each item's rows start,
-    and the draft cache lengths after the step."""
+    and the draft cache lengths after the step. ``prompt_logits``: the rows of prompt positions
+    (``ScheduledRequest.prompt_rows`` per item, from ``prompt_start``); ``processed``: the
+    verification rows' processed scores (``logits``' rows) when some item asked for them."""
 
     drafts: list[list[int]]
     accepted: list[int | None]
@@ -45,6 +50,9 @@ class StepOutcome:
     draft_cached: list[int | None]
     draft_seconds: float = 0.0  # the draft model's forwards and draws
     target_seconds: float = 0.0  # the target forward
+    prompt_logits: torch.Tensor | None = None
+    prompt_start: list[int] | None = None
+    processed: torch.Tensor | None = None
 
 
 class _Clock:
@@ -85,6 +93,8 @@ class _Plan:
     target: ForwardPlan
     fill: tuple[Ref, Ref] | None  # target rows fed by drawn drafts, and their flat index in the drafts
     row_start: list[int]  # item -> its first logits row
+    prompt_start: list[int]  # item -> its first prompt row after the verification rows
+    verify_rows: int  # logits rows verification reads (the prompt rows follow them)
     draft: DraftPlan | None = None
     verify: verifier.VerifyPlan | None = None
 
@@ -113,21 +123,30 @@ class SpeculativeStep:
             ids = ids.index_copy(0, upload[plan.fill[0]], drafts.view(-1).index_select(0, upload[plan.fill[1]]))
         logits = self.target.run(plan.target, upload, input_ids=ids)
         clock.mark()
+        prompt_logits = None
+        if logits.shape[0] > plan.verify_rows:
+            logits, prompt_logits = logits[:plan.verify_rows], logits[plan.verify_rows:]
         cached: list[int | None] = plan.draft.cached if plan.draft is not None else [None] * bsz
         if plan.verify is None:
             if clock.cuda:
                 torch.cuda.synchronize()
             return StepOutcome([[] for _ in items], [None] * bsz, [None] * bsz, logits, plan.row_start, cached,
-                               clock.seconds(0), clock.seconds(1))
+                               clock.seconds(0), clock.seconds(1), prompt_logits, plan.prompt_start)
         masks = self._grammar_masks(items, plan, drafts, q)
         packed = verifier.verify_step(logits, plan.verify, upload, drafts, q,
                                       upload[plan.u_verify].view(bsz, k_max + 1), masks)
+        processed = None
+        if any(v and it.request.params.logprobs_mode == "processed_logprobs" for v, it in zip(plan.verifying, items)):
+            table = plan.verify.table.table(upload)
+            table.allowed = masks
+            processed = processed_scores(logits, table, drafts)
         values = packed.tolist()  # the step's one read
         return StepOutcome(
             [v[:plan.num[b]] for b, v in enumerate(values)],
             [v[k_max] if plan.verifying[b] else None for b, v in enumerate(values)],
             [v[k_max + 1] if plan.verifying[b] else None for b, v in enumerate(values)],
-            logits, plan.row_start, cached, clock.seconds(0), clock.seconds(1))
+            logits, plan.row_start, cached, clock.seconds(0), clock.seconds(1), prompt_logits, plan.prompt_start,
+            processed)
 
     def _plan(self, items: list[ScheduledRequest], upload: HostUpload) -> _Plan:
         """Lookups, how many drafts each item verifies, and everything the device needs."""
@@ -145,21 +164,25 @@ class SpeculativeStep:
         fill_rows: list[int] = []
         fill_src: list[int] = []
         row_start: list[int] = []
-        row = logits_row = 0
+        prompt_start: list[int] = []
+        row = logits_row = prompt_row = 0
         for b, it in enumerate(items):
             r = it.request
             known = r.all_ids[r.num_computed:r.num_computed + it.num_new]
             fill_rows += range(row + len(known), row + len(known) + drawn[b])
             fill_src += range(b * k_max, b * k_max + drawn[b])
             forward.append(ForwardItem(r.blocks, r.num_computed, known + looked_up.get(b, [0] * drawn[b]),
-                                       1 + num[b] if verifying[b] else 0, num_drafts=num[b]))
+                                       1 + num[b] if verifying[b] else 0, num_drafts=num[b],
+                                       extra_logits=it.prompt_rows))
             row += len(known) + num[b]
             row_start.append(logits_row)
             logits_row += 1 + num[b] if verifying[b] else 0
+            prompt_start.append(prompt_row)
+            prompt_row += it.prompt_rows
         target = self.target.plan(forward, upload)
         fill = (upload.ints(fill_rows), upload.ints(fill_src)) if fill_rows else None
         plan = _Plan(looked_up, drawn, num, verifying, k_max, draft_ref, u_draft, u_verify, target, fill, row_start,
-                     draft_plan)
+                     prompt_start, logits_row, draft_plan)
         if any(verifying):
             plan.verify = self._plan_verification(items, plan, upload)
         return plan

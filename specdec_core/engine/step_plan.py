@@ -26,6 +26,16 @@ class ScheduledRequest:
         """True when every known token is in the cache after this step: logits are needed."""
         return self.request.num_computed + self.num_new == self.request.num_tokens
 
+    @property
+    def prompt_rows(self) -> int:
+        """Rows of this step whose logits score the next prompt token, for a request that asks for
+        prompt log-probabilities: every prompt position fed now but the prompt's last (its logits
+        start the answer, as for every request). 0 for everyone else: they pay nothing."""
+        r = self.request
+        if r.params.prompt_logprobs is None or not r.in_prefill:
+            return 0
+        return max(min(r.num_computed + self.num_new, len(r.prompt_ids) - 1) - r.num_computed, 0)  # 0: recomputing output
+
 
 @dataclass(frozen=True)
 class PrefixCopy:

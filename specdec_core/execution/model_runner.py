@@ -56,7 +56,9 @@ class ForwardItem:
     many of its tokens are already cached; ``tokens`` are fed at positions
     ``start..start+len(tokens)-1``; logits are returned for the last ``num_logits`` of them. The
     last ``num_drafts`` tokens are speculative: each is attended on its own, exactly as if it were
-    decoded alone (see ``native_llama``).
+    decoded alone (see ``native_llama``). ``extra_logits``: logits also come back for that many
+    rows before the last ``num_logits`` (a prompt's rows, for its log-probabilities); they follow
+    every item's last ``num_logits`` rows, so the rows verification reads keep their places.
     """
 
     blocks: list[int]
@@ -64,6 +66,7 @@ class ForwardItem:
     tokens: list[int]
     num_logits: int
     num_drafts: int = 0
+    extra_logits: int = 0
 
 
 class ModelRunner:
@@ -147,12 +150,15 @@ class ModelRunner:
         pos: list[int] = []
         write: list[int] = []
         logit_rows: list[int] = []
+        extra_rows: list[int] = []
         for it in items:
             n, row = len(it.tokens), len(ids)
             ids += it.tokens
             pos += range(it.start, it.start + n)
             write += token_rows(it.blocks, bs, it.start, it.start + n)
             logit_rows += range(row + n - it.num_logits, row + n)
+            extra_rows += range(row + n - it.num_logits - it.extra_logits, row + n - it.num_logits)
+        logit_rows += extra_rows
         refs = {"ids": upload.ints(ids), "pos": upload.ints(pos), "write": upload.ints(write),
                 "logit_rows": upload.ints(logit_rows)}
         return refs, len(logit_rows)

@@ -10,28 +10,41 @@ produce and interpolates between them:
 - ``draft(n)``: one draft forward of ``n`` requests (a draft position of a step).
 
 Start-up costs are measured at a fixed cached context, so they say nothing about what else is
-running; ``observe_*`` then scales them by what real steps cost (longer contexts, a loaded
-machine). Requests whose choice must not depend on other requests use ``frozen`` costs only.
+running; ``observe_*`` then moves a live copy of each table toward what real steps cost (an
+exponential moving average per size bucket: longer contexts, a loaded machine), and the live
+tables are what ``cost_cache`` saves for the next start. Requests whose choice must not depend on
+other requests use the ``frozen`` tables only, fixed for the engine's lifetime.
+
+The first calibration is bounded (``CALIBRATION_BUDGET_S``): the small shapes are timed first,
+and every shape the budget leaves out gets the timed ones' extrapolation, a bucket of its own
+that real steps then correct.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
-import statistics
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from specdec_core.engine.step_plan import ScheduledRequest
+from specdec_core.execution.kv_cache import blocks_for, region
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 
 log = logging.getLogger("specdec.cost_model")
 
 CALIBRATION_CONTEXT = 128  # cached tokens per request while timing (a short chat turn)
 CALIBRATION_REPEATS = 3
-SCALE_DECAY = 0.9  # weight of the old scale when a real step is observed
+# Seconds the first calibration may take (measured here: ~16 s for the default pair on a quiet
+# machine, 204 s on a busy one before this cap); shapes not timed by then are extrapolated.
+CALIBRATION_BUDGET_S = 30.0
+# Seconds the warm-up of a start whose costs came from the cache may take: on a busy machine every
+# forward is many times slower (measured here at load 9 on 2 cores: all 11 shapes of SmolLM2 took
+# 30 s), and a start that found its costs should not pay that again.
+WARM_UP_BUDGET_S = 5.0
+SCALE_DECAY = 0.9  # weight of the old value when a real step is observed
 
 
 def _grid(limit: int) -> list[int]:
@@ -61,47 +74,70 @@ class CostTable:
         slope = (secs[hi] - secs[lo]) / (sizes[hi] - sizes[lo])
         return secs[lo] + slope * (n - sizes[lo])
 
+    def copy(self) -> "CostTable":
+        return CostTable(list(self.sizes), list(self.seconds))
+
+    def observe(self, n: float, ratio: float) -> None:
+        """A real forward of size ``n`` cost ``ratio`` times what the table says: move the grid
+        points that predict ``n`` toward it, each by its interpolation weight (one exponential
+        moving average per bucket; past the last point, the last point alone)."""
+        sizes = self.sizes
+        i = bisect.bisect_left(sizes, n)
+        if i == 0 or i >= len(sizes):
+            weights = [(min(i, len(sizes) - 1), 1.0)]
+        else:
+            w = (n - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
+            weights = [(i - 1, 1.0 - w), (i, w)]
+        for j, weight in weights:
+            self.seconds[j] *= 1.0 + (1.0 - SCALE_DECAY) * weight * (ratio - 1.0)
+
 
 @dataclass
 class StepCostModel:
-    """Measured step costs (``frozen``) and their live scale factors (``target``/``draft``)."""
+    """Step costs: the ``frozen`` tables (as measured or loaded at start) and ``live`` copies that
+    real steps keep correcting (``observe_*``)."""
 
     target_table: CostTable
     draft_table: CostTable | None
-    target_scale: float = 1.0
-    draft_scale: float = 1.0
-    observed_steps: int = field(default=0)
+    observed_steps: int = 0
+    live_target: CostTable = field(init=False)
+    live_draft: CostTable | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.live_target = self.target_table.copy()
+        self.live_draft = self.draft_table.copy() if self.draft_table is not None else None
 
     def target(self, n: int, frozen: bool = False) -> float:
-        return self.target_table(n) * (1.0 if frozen else self.target_scale)
+        return (self.target_table if frozen else self.live_target)(n)
 
     def draft(self, n: float, frozen: bool = False) -> float:
-        if self.draft_table is None:
-            return 0.0
-        return self.draft_table(n) * (1.0 if frozen else self.draft_scale)
+        table = self.draft_table if frozen else self.live_draft
+        return table(n) if table is not None else 0.0
 
     def observe_target(self, n: int, seconds: float) -> None:
-        """A real decode step scored ``n`` tokens in ``seconds``: move the live scale toward it."""
-        predicted = self.target_table(n)
+        """A real decode step scored ``n`` tokens in ``seconds``: move the live table toward it."""
+        predicted = self.live_target(n)
         if predicted > 0 and seconds > 0:
-            self.target_scale = SCALE_DECAY * self.target_scale + (1 - SCALE_DECAY) * seconds / predicted
+            self.live_target.observe(n, seconds / predicted)
             self.observed_steps += 1
 
     def observe_draft(self, forwards: list[int], seconds: float) -> None:
         """Real draft forwards of ``forwards[j]`` requests each took ``seconds`` in all."""
-        if self.draft_table is None:
+        if self.live_draft is None:
             return
-        predicted = sum(self.draft_table(n) for n in forwards)
+        predicted = sum(self.live_draft(n) for n in forwards)
         if predicted > 0 and seconds > 0:
-            self.draft_scale = SCALE_DECAY * self.draft_scale + (1 - SCALE_DECAY) * seconds / predicted
+            for n in forwards:
+                self.live_draft.observe(n, seconds / predicted)
 
-    def describe(self) -> str:
+    def describe(self, live: bool = False) -> str:
         def row(table: CostTable) -> str:
             return " ".join(f"{n}:{s * 1e3:.1f}" for n, s in zip(table.sizes, table.seconds))
 
-        text = f"target ms by tokens {{{row(self.target_table)}}}"
-        if self.draft_table is not None:
-            text += f"; draft ms by requests {{{row(self.draft_table)}}}"
+        target, draft = (self.live_target, self.live_draft) if live else (self.target_table, self.draft_table)
+        text = f"target ms by tokens {{{row(target)}}}"
+        if draft is not None:
+            text += f"; draft ms by requests {{{row(draft)}}}"
         return text
 
     @classmethod
@@ -112,59 +148,132 @@ class StepCostModel:
 
 
 def calibrate(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_tokens_per_seq: int,
-              max_len: int, block_size: int) -> StepCostModel:
+              max_len: int, budget_s: float = CALIBRATION_BUDGET_S, repeats: int = CALIBRATION_REPEATS) -> StepCostModel:
     """Time the step shapes this engine can produce, on its own runners (writes into free blocks
-    of their pools before any request runs; no prefix is recorded for them, so nothing leaks
-    into requests)."""
-    context = max(min(CALIBRATION_CONTEXT, max_len - max_tokens_per_seq - 1), 0)
+    of their pools before any request runs; no prefix is recorded for them, so nothing leaks into
+    requests). Bounded by
+    ``budget_s``: after the shapes every table needs (``_REQUIRED``), a shape is timed only while
+    time is left (one already started is finished); the small shapes come first. Untimed shapes
+    get the timed ones' inter- or extrapolation, which real steps then correct bucket by bucket."""
     t0 = time.perf_counter()
-    runners = [target] + ([draft] if draft is not None else [])
-    tables = _tables(target, max_seqs, context + max_tokens_per_seq, block_size)
-    if context:
-        for runner in runners:
-            for table in tables:
-                runner.forward([ForwardItem(table, 0, [1] * context, 1)])
-    target_table = _time_target(target, tables, max_tokens_per_seq, context)
-    draft_table = _time_draft(draft, tables, context) if draft is not None else None
-    model = StepCostModel(target_table, draft_table)
-    log.info("step costs measured in %.1f s: %s", time.perf_counter() - t0, model.describe())
+    bench = _Bench(max_len, max_tokens_per_seq)
+    tables = _tables(target, max_seqs, bench.context + max_tokens_per_seq)
+    shapes = _shapes(target, draft, tables, max_tokens_per_seq, bench.context)
+    timed: dict[str, dict[int, float]] = {"target": {}, "draft": {}}
+    for role, runner, n, items in shapes:
+        if (role, n) not in _REQUIRED and time.perf_counter() - t0 > budget_s:
+            continue
+        bench.fill(runner, tables[:len(items)])
+        timed[role][n] = _fastest_seconds(runner, items, repeats)
+
+    def table(role: str) -> CostTable:
+        """Every grid size: timed, else extrapolated, never below a smaller size's cost (noise in
+        two close timings must not extrapolate to a cost that falls, or turns negative)."""
+        sizes = sorted(n for r, _, n, _ in shapes if r == role)
+        seconds, floor = [], 0.0
+        for n in sizes:
+            value = timed[role].get(n)
+            if value is None:
+                value = max(_extrapolate(timed[role], n), floor)
+            floor = max(floor, value)
+            seconds.append(value)
+        return CostTable(sizes, seconds)
+
+    model = StepCostModel(table("target"), table("draft") if draft is not None else None)
+    done = len(timed["target"]) + len(timed["draft"])
+    log.info("step costs measured in %.1f s (cap %.0f s; %d of %d shapes timed%s; %.1f s of it giving the "
+             "requests their %d cached tokens): %s", time.perf_counter() - t0, budget_s, done, len(shapes),
+             "" if done == len(shapes) else ", the others extrapolated until real steps correct them",
+             bench.fill_seconds, bench.context, model.describe())
     return model
 
 
-def _tables(runner: ModelRunner, max_seqs: int, tokens: int, block_size: int) -> list[list[int]]:
+def _extrapolate(timed: dict[int, float], n: int) -> float:
+    """An untimed size's cost: interpolated between timed sizes, and past the largest one along the
+    slope from the smallest to the largest (steadier than the last segment's slope when two close
+    timings on a busy machine disagree); one timed size: proportional to it."""
+    sizes = sorted(timed)
+    if n < sizes[-1] or len(sizes) == 1:
+        return CostTable(sizes, [timed[m] for m in sizes])(n)
+    slope = (timed[sizes[-1]] - timed[sizes[0]]) / (sizes[-1] - sizes[0])
+    return timed[sizes[-1]] + slope * (n - sizes[-1])
+
+
+def warm_up(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_tokens_per_seq: int,
+            max_len: int, budget_s: float = WARM_UP_BUDGET_S) -> int:
+    """Run every step shape once, untimed, over empty caches (costs came from the cache, so no
+    request needs a cached context): every batch size the calibration would have run passes through
+    the linear layers and the head once before requests do (see ``Engine._measure_costs``),
+    smallest first, for at most ``budget_s``. Returns how many shapes ran."""
+    t0 = time.perf_counter()
+    ran = 0
+    for _, runner, _, items in _shapes(target, draft, _tables(target, max_seqs, max_tokens_per_seq), max_tokens_per_seq,
+                                       context=0):
+        if time.perf_counter() - t0 > budget_s:
+            break
+        runner.forward(items)
+        ran += 1
+    return ran
+
+
+# The shapes a calibration times whatever its budget: two target points give the table a slope,
+# one draft point its scale.
+_REQUIRED = {("target", 1), ("target", 2), ("draft", 1)}
+
+
+class _Bench:
+    """Gives the block tables a shape uses ``CALIBRATION_CONTEXT`` cached tokens, each once and
+    only when a shape first needs it (a bounded calibration does not pay for tables it never uses)."""
+
+    def __init__(self, max_len: int, max_tokens_per_seq: int) -> None:
+        self.context = max(min(CALIBRATION_CONTEXT, max_len - max_tokens_per_seq - 1), 0)
+        self.filled: dict[int, int] = {}  # id(runner) -> tables filled
+        self.fill_seconds = 0.0
+
+    def fill(self, runner: ModelRunner, tables: list[list[int]]) -> None:
+        t0 = time.perf_counter()
+        done = self.filled.get(id(runner), 0)
+        if self.context:
+            for table in tables[done:]:
+                runner.forward([ForwardItem(table, 0, [1] * self.context, 1)])
+        self.filled[id(runner)] = max(done, len(tables))
+        self.fill_seconds += time.perf_counter() - t0
+
+
+def _tables(runner: ModelRunner, max_seqs: int, tokens: int) -> list[list[int]]:
     """A block table of ``tokens`` positions per calibration request: consecutive blocks, as a
-    request gets them on an idle pool (requests share tables where the pool is too small for
-    all: the timing is the same)."""
-    per = -(-tokens // block_size)
+    request gets them on an idle pool (the draft's pool has the same blocks). Requests share
+    tables where the pool is too small for all: the timing is the same."""
+    per = blocks_for(tokens, runner.cache.block_size)
     fit = max(runner.cache.num_blocks // per, 1)
-    return [list(range((s % fit) * per, (s % fit + 1) * per)) for s in range(max_seqs)]
+    return [region(s % fit, tokens, runner.cache.block_size) for s in range(max_seqs)]
 
 
-def _time_target(runner: ModelRunner, tables: list[list[int]], per_seq: int, context: int) -> CostTable:
-    """A step of n tokens is laid out as the engine would: up to ``max_seqs`` requests, each 1
-    known token followed by drafts."""
+def _shapes(target: ModelRunner, draft: ModelRunner | None, tables: list[list[int]], per_seq: int,
+            context: int) -> list[tuple[str, ModelRunner, int, list[ForwardItem]]]:
+    """Every shape to time, most needed first: one request's steps (1 token, then with drafts) and
+    one draft forward, then the batched ones. A target step of n tokens is laid out as the engine
+    would: up to ``len(tables)`` requests, each 1 known token followed by drafts."""
     max_seqs = len(tables)
-    sizes = _grid(max_seqs * per_seq)
-    seconds = []
-    for n in sizes:
+    shapes = []
+    for n in _grid(max_seqs * per_seq):
         seqs = min(max_seqs, n)
         lengths = [n // seqs + (1 if s < n % seqs else 0) for s in range(seqs)]
-        items = [ForwardItem(tables[s], context, [1] * m, m, num_drafts=m - 1) for s, m in enumerate(lengths)]
-        seconds.append(_median_seconds(runner, items))
-    return CostTable(sizes, seconds)
+        shapes.append(("target", target, n, [ForwardItem(tables[s], context, [1] * m, m, num_drafts=m - 1)
+                                             for s, m in enumerate(lengths)]))
+    if draft is not None:
+        shapes += [("draft", draft, n, [ForwardItem(tables[s], context, [1], 1) for s in range(n)]) for n in _grid(max_seqs)]
+    return sorted(shapes, key=lambda shape: (shape[2] > per_seq, shape[2], shape[0]))
 
 
-def _time_draft(runner: ModelRunner, tables: list[list[int]], context: int) -> CostTable:
-    sizes = _grid(len(tables))
-    seconds = [_median_seconds(runner, [ForwardItem(tables[s], context, [1], 1) for s in range(n)]) for n in sizes]
-    return CostTable(sizes, seconds)
-
-
-def _median_seconds(runner: ModelRunner, items: list[ForwardItem]) -> float:
+def _fastest_seconds(runner: ModelRunner, items: list[ForwardItem], repeats: int = CALIBRATION_REPEATS) -> float:
+    """The fastest of ``repeats`` runs: another process taking the CPU only ever adds time, so the
+    minimum is the shape's own cost (the median let one busy moment double it); what the load
+    adds while serving is learned from real steps."""
     cuda = runner.device.type == "cuda"
     runner.forward(items)  # warm-up: first calls of a shape allocate
     times = []
-    for _ in range(CALIBRATION_REPEATS):
+    for _ in range(repeats):
         if cuda:  # time the device's work, not the launches: nothing queued before, all of it done after
             torch.cuda.synchronize(runner.device)
         t0 = time.perf_counter()
@@ -172,7 +281,7 @@ def _median_seconds(runner: ModelRunner, items: list[ForwardItem]) -> float:
         if cuda:
             torch.cuda.synchronize(runner.device)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def observe_step(costs: StepCostModel, items: list[ScheduledRequest], draft_s: float, target_s: float, max_draft_rows: int) -> None:

@@ -15,18 +15,25 @@ class CompletionRequest(GenerationRequest):
 
     prompt: Prompts
     suffix: Annotated[str, Field(max_length=0), only_off("Insertion (fill-in-the-middle) is not implemented.", "")] = ""
-    max_tokens: int = Field(16, ge=1, le=INT64_MAX)
-    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
+    max_tokens: int = Field(16, ge=0, le=INT64_MAX, description="0 only with echo: the prompt is scored, not continued.")
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     best_of: int | None = Field(None, ge=1, le=MAX_N)
 
-    @field_validator("echo")
+    @field_validator("max_tokens")
     @classmethod
-    def _echo_without_logprobs(cls, value: bool, info: ValidationInfo) -> bool:
-        if value and info.data.get("logprobs") is not None:
-            raise invalid(
-                "together with 'logprobs' is not supported: the engine does not compute prompt log-probabilities."
-            )
+    def _zero_only_with_echo(cls, value: int, info: ValidationInfo) -> int:
+        if value == 0 and info.data.get("echo") is not True:
+            raise invalid("must be >= 1, got 0 (0 is accepted with 'echo': true, which returns the prompt only).",
+                          openai_code="integer_below_min_value")
+        return value
+
+    @field_validator("logprobs")
+    @classmethod
+    def _echoed_logprobs_not_streamed(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("echo") is True and info.data.get("stream") is True:
+            raise invalid("together with 'echo' is not available when 'stream' is true: the prompt's "
+                          "log-probabilities are only known after its prefill. Ask without streaming.")
         return value
 
     @field_validator("best_of")
@@ -39,5 +46,14 @@ class CompletionRequest(GenerationRequest):
     @property
     def num_logprobs(self) -> int | None:
         return self.logprobs
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """``echo`` with ``logprobs`` scores the prompt too (OpenAI), with the larger of the two counts
+        when ``prompt_logprobs`` is also given; each answer field is cut to its own count."""
+        echoed = self.logprobs if self.echo else None
+        if echoed is None or self.prompt_logprobs is None:
+            return self.prompt_logprobs if echoed is None else echoed
+        return max(echoed, self.prompt_logprobs)
 
 

@@ -22,7 +22,7 @@ from server.openai.schemas.base import (
     invalid,
     schema_within_caps,
 )
-from specdec_core.decoding.sampling_params import SamplingParams, outside_vocab
+from specdec_core.decoding.sampling_params import MAX_LOGPROBS, LogprobsMode, SamplingParams, outside_vocab
 from specdec_core.decoding.structured_output import StructuredOutput
 
 
@@ -155,6 +155,16 @@ class GenerationRequest(Schema):
     )
     ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence tokens.")
     stop_token_ids: list[TokenId] = Field([], description="Token ids that end a choice (not included in it).")
+    prompt_logprobs: int | None = Field(
+        None, ge=0, le=MAX_LOGPROBS,
+        description="vLLM's: per prompt token, its log-probability and rank and this many most likely alternatives "
+                    "(the first token's entry is null). The prompt is then computed whole (no prefix cache).",
+    )
+    logprobs_mode: LogprobsMode = Field(
+        "raw_logprobs", description="raw_logprobs: the model's own distribution (under a grammar, the unconstrained "
+                                    "model's); processed_logprobs: the one sampled from (after the grammar mask, "
+                                    "logit_bias, penalties, temperature, top_k/top_p). Prompt log-probabilities are raw.",
+    )
 
     @field_validator("n")
     @classmethod
@@ -182,6 +192,13 @@ class GenerationRequest(Schema):
     def _only_when_streaming(cls, value: StreamOptions, info: ValidationInfo) -> StreamOptions:
         if info.data.get("stream") is not True:
             raise invalid("is only allowed when 'stream' is true.")
+        return value
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _not_streamed(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("stream") is True:
+            raise invalid("is not available when 'stream' is true (as in vLLM): ask without streaming.")
         return value
 
     @field_validator("num_speculative_tokens")
@@ -213,6 +230,11 @@ class GenerationRequest(Schema):
         raise NotImplementedError
 
     @property
+    def num_prompt_logprobs(self) -> int | None:
+        """Top alternatives the engine reports per prompt token; None: no prompt log-probabilities."""
+        return self.prompt_logprobs
+
+    @property
     def structured_output(self) -> StructuredOutput | None:
         """What decoding is constrained to, if anything."""
         return self.response_format.structured
@@ -238,6 +260,8 @@ class GenerationRequest(Schema):
             stop_token_ids=list(self.stop_token_ids),
             ignore_eos=self.ignore_eos,
             logprobs=self.num_logprobs,
+            prompt_logprobs=self.num_prompt_logprobs,
+            logprobs_mode=self.logprobs_mode,
             num_speculative_tokens=self.num_speculative_tokens if self.speculative else 0,
             logit_bias={int(key): value for key, value in self.logit_bias.items()},
             min_tokens=self.min_tokens,

@@ -1,0 +1,121 @@
+"""Step costs cached between starts: a second start with the same configuration loads them (and
+says so), another configuration measures its own, real steps correct the live tables, and the
+first calibration keeps to its budget. Nothing here depends on how fast the machine is."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from conftest import load
+
+from specdec_core import Engine, EngineConfig, SamplingParams
+from specdec_core.speculation.cost_cache import CostCache
+from specdec_core.speculation.cost_model import CostTable, StepCostModel, calibrate
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_target, tiny_draft):
+    return load(tiny_target), load(tiny_draft, role="draft")
+
+
+def start(pair, cache_dir: Path, caplog: pytest.LogCaptureFixture, **kw) -> tuple[Engine, str]:
+    """An engine with adaptive speculation (so it needs step costs) and what it logged about them."""
+    caplog.clear()
+    cfg = EngineConfig(speculative_method="draft", num_speculative_tokens=2, seed=0, quantize="none",
+                       max_num_seqs=kw.pop("max_num_seqs", 2), max_model_len=160, cache_dir=cache_dir, **kw)
+    with caplog.at_level(logging.INFO, logger="specdec"):
+        eng = Engine.from_loaded(cfg, *pair)
+    return eng, caplog.text
+
+
+def test_a_second_start_loads_the_costs_the_first_measured(pair, tmp_path: Path, caplog) -> None:
+    first, logged = start(pair, tmp_path, caplog)
+    assert "step costs measured (no cache for this configuration)" in logged
+    assert first.cost_cache is not None and first.cost_cache.path.is_file()
+    assert first.cost_cache.path.parent == tmp_path / "step-costs"
+    second, logged = start(pair, tmp_path, caplog)
+    assert "step costs loaded from the cache" in logged and "step costs measured" not in logged
+    assert second.costs.target_table == first.costs.live_target
+    assert second.costs.draft_table == first.costs.live_draft
+
+
+def test_another_configuration_measures_its_own(pair, tmp_path: Path, caplog) -> None:
+    first, _ = start(pair, tmp_path, caplog)
+    other, logged = start(pair, tmp_path, caplog, max_num_seqs=3)
+    assert "step costs measured" in logged and "loaded from the cache" not in logged
+    assert other.cost_cache is not None and first.cost_cache is not None
+    assert other.cost_cache.path != first.cost_cache.path
+    assert sorted(p.name for p in (tmp_path / "step-costs").iterdir()) == sorted(
+        [first.cost_cache.path.name, other.cost_cache.path.name])
+
+
+def test_real_steps_move_the_live_costs_and_reach_the_cache(pair, tmp_path: Path, caplog) -> None:
+    eng, _ = start(pair, tmp_path, caplog)
+    frozen = (list(eng.costs.target_table.seconds), list(eng.costs.draft_table.seconds))  # type: ignore[union-attr]
+    eng.generate(["Once upon a time", "def f(x):"], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    assert eng.costs.observed_steps > 0
+    assert eng.costs.live_target.seconds != frozen[0]
+    assert (eng.costs.target_table.seconds, eng.costs.draft_table.seconds) == frozen  # type: ignore[union-attr]
+    eng.save_costs()
+    assert eng.cost_cache is not None
+    saved = json.loads(eng.cost_cache.path.read_text())
+    assert saved["observed_steps"] == eng.costs.observed_steps and saved["target"]["seconds"] == eng.costs.live_target.seconds
+    again, logged = start(pair, tmp_path, caplog)
+    assert f"corrected by {eng.costs.observed_steps} real steps" in logged
+    assert again.costs.target_table.seconds == eng.costs.live_target.seconds
+
+
+def test_the_table_learns_per_bucket() -> None:
+    costs = StepCostModel(CostTable([1, 2, 4, 8], [1.0, 1.0, 2.0, 4.0]), None)
+    for _ in range(200):
+        costs.observe_target(8, 8.0)
+    assert costs.target(8) == pytest.approx(8.0, rel=1e-3)
+    assert costs.live_target.seconds[:3] == [1.0, 1.0, 2.0]  # other buckets keep their costs
+    assert costs.target(8, frozen=True) == 4.0
+    costs.observe_target(3, 3.0)  # between 2 and 4: both move, each by its weight
+    assert costs.live_target.seconds[1] > 1.0 and costs.live_target.seconds[2] > 2.0
+
+
+def test_the_first_calibration_keeps_to_its_budget(pair, caplog) -> None:
+    from specdec_core.execution.model_runner import ModelRunner
+
+    target = ModelRunner(pair[0].model, 4, 160, 49152)
+    draft = ModelRunner(pair[1].model, 4, 160, 49152)
+    with caplog.at_level(logging.INFO, logger="specdec"):
+        costs = calibrate(target, draft, 4, 3, 160, budget_s=0.0, repeats=1)
+    # A spent budget still times the required shapes (target 1 and 2 tokens, a 1-request draft);
+    # every other grid size is extrapolated from them, never below a smaller size's cost.
+    assert costs.target_table.sizes == [1, 2, 3, 4, 6, 8, 12]
+    assert costs.draft_table is not None and costs.draft_table.sizes == [1, 2, 3, 4]
+    t, d = costs.target_table.seconds, costs.draft_table.seconds
+    assert t[2] == pytest.approx(max(t[0] + 2 * (t[1] - t[0]), t[0], t[1]))
+    assert t == sorted(t) and d == pytest.approx([d[0] * n for n in (1, 2, 3, 4)])
+    assert "3 of 11 shapes timed, the others extrapolated" in caplog.text and "cap 0 s" in caplog.text
+
+
+def test_a_cache_of_another_key_or_broken_is_ignored(tmp_path: Path, caplog) -> None:
+    cache = CostCache(tmp_path, {"model": "a"})
+    cache.save(StepCostModel(CostTable([1, 2], [1.0, 2.0]), None))
+    assert cache.load() is not None and cache.load().target_table.seconds == [1.0, 2.0]  # type: ignore[union-attr]
+    data = json.loads(cache.path.read_text())
+    cache.path.write_text(json.dumps({**data, "key": {"model": "b"}}))
+    assert cache.load() is None and "another configuration" in caplog.text
+    cache.path.write_text(json.dumps({**data, "target": {"sizes": [2, 1], "seconds": [1.0, -1.0]}}))
+    assert cache.load() is None
+    cache.path.write_text("{not json")
+    assert cache.load() is None
+
+
+def test_a_restarted_server_says_where_its_costs_came_from(tiny_target, tiny_draft, tmp_path: Path) -> None:
+    from server_helpers import ServerProcess, serving, tiny_args
+
+    args = [a for a in tiny_args(tiny_target, tiny_draft) if a != "--no-adaptive-speculation"]
+    env = {"SPECDEC_CACHE_DIR": str(tmp_path / "cache")}
+    with serving(ServerProcess(args, tmp_path / "first.log", env=env)) as first:
+        assert "step costs measured (no cache for this configuration)" in first.logs()
+    with serving(ServerProcess(args, tmp_path / "second.log", env=env)) as second:
+        logs = second.logs()
+        assert "step costs loaded from the cache" in logs and "step costs measured" not in logs
