@@ -14,6 +14,7 @@ from specdec_core.decoding.detokenizer import IncrementalDetokenizer
 from specdec_core.decoding.sampling import RowParams
 from specdec_core.decoding.sampling_params import SamplingParams
 from specdec_core.engine.outputs import FinishReason, RequestStats
+from specdec_core.engine.provenance import TextPiece, TextProvenance
 from specdec_core.speculation.acceptance import PRIOR, AcceptanceEstimate
 
 if TYPE_CHECKING:  # types only: the request holds these, never calls into their modules' imports
@@ -47,6 +48,7 @@ class Request:
         ngram: NgramIndex | None = None,
         grammar: GrammarState | None = None,
         min_tokens_ban: list[int] | None = None,
+        provenance: TextProvenance | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_ids = prompt_ids
@@ -75,6 +77,8 @@ class Request:
         self.grammar = grammar
         # Token ids masked until ``params.min_tokens`` tokens are out (EOS unless ignored, stop ids).
         self.min_tokens_ban = min_tokens_ban or []
+        # Whose text the detokenizer holds back (None: the request did not ask for provenance).
+        self.provenance = provenance
 
     def row_params(self, num_drafts: int) -> RowParams:
         """How the logits row after the committed tokens plus ``num_drafts`` drafts is warped.
@@ -111,6 +115,20 @@ class Request:
             if rest.any():
                 allowed = rest
         return allowed
+
+    def add_text(self, ids: list[int], sources: list[str]) -> tuple[str, int | None, list[TextPiece] | None]:
+        """Detokenize committed tokens: ``(delta, n_kept, pieces)``, ``n_kept`` as the detokenizer's
+        (a stop string ended the text at that token), ``pieces`` the delta by source when the
+        request asked for provenance (None otherwise)."""
+        if self.provenance is None:
+            return (*self.detokenizer.add(ids), None)
+        return self.provenance.add(self.detokenizer, ids, sources)
+
+    def flush_text(self, last_source: str) -> tuple[str, list[TextPiece] | None]:
+        """The text held back at the end (no stop string ended it), as ``add_text`` gives it."""
+        if self.provenance is None:
+            return self.detokenizer.flush(), None
+        return self.provenance.flush(self.detokenizer, last_source)
 
     def draws(self, count: int) -> list[float]:
         """``count`` uniforms from the request's own stream: a seeded request draws the same
