@@ -155,6 +155,10 @@ class GenerationRequest(Schema):
     )
     ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence tokens.")
     stop_token_ids: list[TokenId] = Field([], description="Token ids that end a choice (not included in it).")
+    specdec_provenance: bool = Field(
+        False, description="Streamed only: each chunk's choice also carries 'provenance', its text in pieces by how "
+        "each token was produced (a proposer such as 'draft' or 'ngram', or 'target').",
+    )
 
     @field_validator("n")
     @classmethod
@@ -182,6 +186,13 @@ class GenerationRequest(Schema):
     def _only_when_streaming(cls, value: StreamOptions, info: ValidationInfo) -> StreamOptions:
         if info.data.get("stream") is not True:
             raise invalid("is only allowed when 'stream' is true.")
+        return value
+
+    @field_validator("specdec_provenance")
+    @classmethod
+    def _provenance_only_when_streaming(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("stream") is not True:
+            raise invalid("is only allowed when 'stream' is true (provenance rides on the streamed chunks).")
         return value
 
     @field_validator("num_speculative_tokens")
@@ -242,6 +253,7 @@ class GenerationRequest(Schema):
             logit_bias={int(key): value for key, value in self.logit_bias.items()},
             min_tokens=self.min_tokens,
             structured=structured if structured is not None else self.structured_output,
+            provenance=self.specdec_provenance,
         )
 
 
