@@ -119,3 +119,33 @@ def test_engine_deltas_carry_sources_and_provenance_without_changing_the_output(
     assert all(o.sources[-1] == TARGET for o in steps if not o.finished)
     assert any(s == "draft" for o in traced for s in o.sources)
     assert any(p.source == "draft" and p.text for o in traced for p in o.provenance)
+
+
+def test_renderers_put_each_deltas_pieces_on_its_first_chunk_even_when_tool_markup_is_held_back(tok) -> None:
+    """With tools the call parser may hold a delta's text back (no chunk of its own): its pieces
+    still go out, on an empty content chunk, so none is lost; without tools they are the content."""
+    from server.openai.bodies import TokenText
+    from server.openai.renderers import ChatRenderer, CompletionRenderer
+    from server.tools.schema import Tool
+    from server.tools.tool_use import ToolUse
+    from specdec_core.engine.provenance import TextPiece
+
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    text = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>'
+    words = text.split(" ")
+    deltas = [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)]
+    tool_use = ToolUse.from_request([Tool.model_validate(tool)], "auto", False, tok)
+    renderers = [ChatRenderer(TokenText(tok), False, tool_use), ChatRenderer(TokenText(tok), False),
+                 CompletionRenderer(TokenText(tok), False)]
+    for renderer in renderers:
+        sent = []
+        for i, delta in enumerate(deltas):
+            pieces = [TextPiece(delta, SOURCES[i % len(SOURCES)])]
+            chunks = renderer.delta(0, delta, None, pieces)
+            assert chunks and chunks[0]["provenance"] == [{"text": delta, "source": pieces[0].source}]
+            assert all("provenance" not in c for c in chunks[1:])
+            if not (isinstance(renderer, ChatRenderer) and renderer.tools):
+                assert chunks[0].get("text", chunks[0].get("delta", {}).get("content")) == delta
+            sent += chunks[0]["provenance"]
+        assert "".join(p["text"] for p in sent) == text
+        assert renderer.delta(0, "", None, []) == []
