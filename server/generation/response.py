@@ -68,7 +68,7 @@ class GenerationResponse:
         async for choice, out in generation.deltas():
             if ends_the_request(out.finish_reason):
                 break
-            for piece in renderer.delta(choice.index, out.text, out.logprobs):
+            for piece in renderer.delta(choice.index, out.text, out.logprobs, out.provenance):
                 yield self._chunk([piece])
             if choice.finished:
                 last = generation.all_finished and not self.include_usage

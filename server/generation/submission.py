@@ -155,7 +155,7 @@ class Generation:
             elif choice.ending:  # only the engine's final output (its stats) still counts
                 if not item.finished:
                     continue
-                item = replace(item, token_ids=[], text="", logprobs=None,
+                item = replace(item, token_ids=[], text="", logprobs=None, sources=[], provenance=None,
                                finish_reason="error" if item.finish_reason == "error" else "stop")
             else:
                 self._check_end(choice, item)

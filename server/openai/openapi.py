@@ -83,6 +83,7 @@ def openapi_document() -> dict[str, Any]:
             "/v1/models/{model}": model,
             "/health": _get("Liveness", "The engine loop runs ({\"status\": \"ok\"}); 503 while loading, draining or dead."),
             "/metrics": _get("Prometheus metrics", "Prometheus text format.", media="text/plain"),
+            "/": _get("Chat page", "An HTML page that chats with the served model through /v1.", media="text/html"),
         },
         "components": {"schemas": {**defs["$defs"], "Error": ERROR_SCHEMA}},
     }

@@ -18,6 +18,7 @@ from server.openai.bodies import CompletionLogprobs, TokenText, chat_logprobs, p
 from server.tools.calls import CallDelta, CallParser, ToolCall
 from server.tools.tool_use import ToolUse
 from specdec_core.engine.outputs import TokenLogprob
+from specdec_core.engine.provenance import TextPiece
 
 
 class Renderer(Protocol):
@@ -31,8 +32,12 @@ class Renderer(Protocol):
         """The choices of each chunk sent before the first delta (one list per chunk)."""
         ...
 
-    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> Sequence[rt.ResponseChoice]:
-        """The streamed choices (one chunk each) for one engine delta; none when it carries nothing."""
+    def delta(
+        self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None, provenance: Sequence[TextPiece] | None = None
+    ) -> Sequence[rt.ResponseChoice]:
+        """The streamed choices (one chunk each) for one engine delta; none when it carries nothing.
+        ``provenance`` (the delta's text by source, when the request asked for it) rides on the
+        first of them."""
         ...
 
     def finish(self, index: int, finish_reason: str | None) -> Sequence[rt.ResponseChoice]:
@@ -46,6 +51,11 @@ class Renderer(Protocol):
     def body_fields(self, choices: Sequence[Choice]) -> dict[str, Any]:
         """Fields a non-streamed body carries beside its choices (chat's ``prompt_logprobs``)."""
         ...
+
+
+def provenance_pieces(pieces: Sequence[TextPiece]) -> list[rt.ProvenancePiece]:
+    """The ``provenance`` extension of a streamed choice: its text, piece by piece, by source."""
+    return [{"text": p.text, "source": p.source} for p in pieces]
 
 
 def completion_choice(index: int, text: str, finish_reason: str | None, logprobs: rt.CompletionLogprobs | None) -> rt.CompletionChoice:
@@ -77,7 +87,9 @@ class CompletionRenderer:
     def opening(self, indices: Sequence[int]) -> list[list[rt.CompletionChoice]]:
         return [[completion_choice(index, prefix, None, None)] for index, prefix in sorted(self.echoes.items())]
 
-    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> list[rt.CompletionChoice]:
+    def delta(
+        self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None, provenance: Sequence[TextPiece] | None = None
+    ) -> list[rt.CompletionChoice]:
         piece = None
         if self.logprobs and logprobs:
             builder = self._builders.get(index)
@@ -86,7 +98,10 @@ class CompletionRenderer:
             piece = builder.piece(logprobs)
         if not text and piece is None:
             return []
-        return [completion_choice(index, text, None, piece)]
+        chunk = completion_choice(index, text, None, piece)
+        if provenance:
+            chunk["provenance"] = provenance_pieces(provenance)
+        return [chunk]
 
     def finish(self, index: int, finish_reason: str | None) -> list[rt.CompletionChoice]:
         return [completion_choice(index, "", finish_reason, None)]
@@ -141,16 +156,23 @@ class ChatRenderer:
         content = None if self.tools else ""
         return [[chat_chunk_choice(index, {"role": "assistant", "content": content}) for index in indices]]
 
-    def delta(self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None) -> list[rt.ChatChunkChoice]:
+    def delta(
+        self, index: int, text: str, logprobs: Sequence[TokenLogprob] | None, provenance: Sequence[TextPiece] | None = None
+    ) -> list[rt.ChatChunkChoice]:
         piece = chat_logprobs(self.token_text, logprobs) if self.logprobs and logprobs else None
         if not self.tools:
-            return [chat_chunk_choice(index, {"content": text}, None, piece)] if text or piece is not None else []
-        content, calls = self._parser(index).feed(text)
-        chunks = _call_chunks(index, content, calls)
-        if piece is not None:  # the tokens' logprobs ride on the first chunk they produced
+            chunks = [chat_chunk_choice(index, {"content": text}, None, piece)] if text or piece is not None else []
+        else:
+            content, calls = self._parser(index).feed(text)
+            chunks = _call_chunks(index, content, calls)
+            if piece is not None:  # the tokens' logprobs ride on the first chunk they produced
+                if not chunks:
+                    chunks = [chat_chunk_choice(index, {"content": ""})]
+                chunks[0]["logprobs"] = piece
+        if provenance:  # likewise the text's sources (with tools: the call markup's too)
             if not chunks:
                 chunks = [chat_chunk_choice(index, {"content": ""})]
-            chunks[0]["logprobs"] = piece
+            chunks[0]["provenance"] = provenance_pieces(provenance)
         return chunks
 
     def finish(self, index: int, finish_reason: str | None) -> list[rt.ChatChunkChoice]:

@@ -66,12 +66,21 @@ class ChatLogprobs(TypedDict):
     content: list[ChatTokenLogprob]
 
 
+class ProvenancePiece(TypedDict):
+    """specdec's ``provenance`` extension: a piece of a chunk's text and how its token was
+    produced (a proposer's name such as ``draft`` or ``ngram``, or ``target``)."""
+
+    text: str
+    source: str
+
+
 class CompletionChoice(TypedDict):
     index: int
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
     prompt_logprobs: NotRequired[PromptLogprobs]
+    provenance: NotRequired[list[ProvenancePiece]]  # streamed, with "specdec_provenance": true
 
 
 class FunctionCall(TypedDict):
@@ -112,6 +121,7 @@ class ChatChunkChoice(TypedDict):
     delta: ChatDelta
     logprobs: ChatLogprobs | None
     finish_reason: str | None
+    provenance: NotRequired[list[ProvenancePiece]]  # with "specdec_provenance": true
 
 
 class ChatMessage(TypedDict):

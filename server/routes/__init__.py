@@ -5,6 +5,7 @@ from __future__ import annotations
 from starlette.routing import Route
 
 from server.routes.chat import create_chat_completion
+from server.routes.chat_page import chat_page
 from server.routes.completions import create_completion
 from server.routes.health import health
 from server.routes.metrics import metrics
@@ -21,4 +22,5 @@ def routes() -> list[Route]:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
+        Route("/", chat_page, methods=["GET"]),
     ]

@@ -47,6 +47,12 @@ class IncrementalDetokenizer:
             self._pieces = ["".join(self._pieces)]
         return self._pieces[0] if self._pieces else ""
 
+    @property
+    def held_chars(self) -> int:
+        """Characters already decoded but held back (they may begin a stop string): the next
+        deltas start with them (``specdec_core.engine.provenance`` tracks whose they are)."""
+        return len(self._pending)
+
     def _decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 

@@ -35,7 +35,10 @@ class SamplingParams:
     ``logit_bias``: token id -> value in [-100, 100] added to that token's logit before warping
     (draft and target alike). ``min_tokens``: EOS and ``stop_token_ids`` are masked until this many
     tokens were generated. ``structured``: the output must match it (see ``structured_output``).
-    A ``temperature`` below ``GREEDY_BELOW`` (1e-5) is greedy, as 0 is.
+    A ``temperature`` below ``GREEDY_BELOW`` (1e-5) is greedy, as 0 is. ``provenance``: each
+    delta also splits its text into pieces by the source of the token that wrote it (see
+    ``specdec_core.engine.provenance``); it costs one detokenizer call per token, so it is off
+    unless asked for, and it never changes the tokens or the text.
     """
 
     max_tokens: int = 16
@@ -55,6 +58,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     min_tokens: int = 0
     structured: StructuredOutput | None = None
+    provenance: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

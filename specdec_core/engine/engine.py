@@ -33,7 +33,8 @@ from specdec_core.decoding.sampling_params import SamplingParams, outside_vocab
 from specdec_core.decoding.structured_output import StructuredOutput
 from specdec_core.engine.config import EngineConfig, speculation_method
 from specdec_core.engine.kv_sizing import KVSizing, available_memory, parse_size, size_kv
-from specdec_core.engine.outputs import RequestOutput, RequestStats, TokenLogprob
+from specdec_core.engine.outputs import RequestOutput, RequestStats
+from specdec_core.engine.provenance import TARGET, TextProvenance, token_sources
 from specdec_core.engine.request import Request
 from specdec_core.engine.scheduler import Scheduler
 from specdec_core.engine.speculative_step import SpeculativeStep, StepOutcome
@@ -229,6 +230,7 @@ class Engine:
             suffix=self.suffix.new_index() if self.suffix is not None else None,
             grammar=self.grammars.compile(params.structured).new_state() if params.structured is not None else None,
             min_tokens_ban=ban,
+            provenance=TextProvenance() if params.provenance else None,
         )
 
     def add_request(self, req: Request) -> None:
@@ -240,7 +242,7 @@ class Engine:
         if req is None:
             return None
         req.finish("abort")
-        out = self._retire(req, [], "", None)
+        out = self._retire(req)
         self._refresh_gauges()
         return out
 
@@ -352,11 +354,16 @@ class Engine:
         text_ids = kept[:-1] if reason == "stop" else kept
         if reason is None and complete:
             reason = "stop"  # the output is complete: nothing but the end could follow
-        delta, n_stop = req.detokenizer.add(text_ids)
+        sources = token_sources(len(kept), accepted, source)
+        delta, n_stop, pieces = req.add_text(text_ids, sources)
         if n_stop is not None:
             kept, reason = kept[:n_stop], "stop"
         elif reason is not None:
-            delta += req.detokenizer.flush()
+            rest, rest_pieces = req.flush_text(sources[len(text_ids) - 1] if text_ids else TARGET)
+            delta += rest
+            if pieces is not None and rest_pieces is not None:
+                pieces += rest_pieces
+        sources = sources[:len(kept)]
         req.all_ids += kept
         req.output_ids += kept
         # Draft-cache entries past the committed tokens belong to rejected drafts.
@@ -370,10 +377,12 @@ class Engine:
             self.metrics.record_verify(source, len(drafts), counted)
             req.learn(source, accepted, len(drafts))  # type: ignore[arg-type]
         logprobs = token_logprobs(logits[: len(kept)], kept, req.params.logprobs or 0) if req.params.logprobs is not None else None
+        out = RequestOutput(req.request_id, kept, delta, logprobs=logprobs, sources=sources, provenance=pieces)
         if reason is not None:
             req.finish(reason)
-            return self._retire(req, kept, delta, logprobs)
-        return RequestOutput(req.request_id, kept, delta, logprobs=logprobs, prompt_logprobs=req.take_prompt_logprobs())
+            return self._retire(req, out)
+        out.prompt_logprobs = req.take_prompt_logprobs()
+        return out
 
     def _score_prompt(self, req: Request, logits: torch.Tensor, start: int, rows: int) -> None:
         """Prompt log-probabilities from the rows this step's prefill computed for ``req``: row i
@@ -385,19 +394,23 @@ class Engine:
         req.prompt_logprobs += token_logprobs(logits[start + skip:start + rows], req.all_ids[s + 1 + skip:s + 1 + rows],
                                               req.params.prompt_logprobs or 0, ranks=True)
 
-    def _retire(self, req: Request, kept: list[int], delta: str, logprobs: list[TokenLogprob] | None) -> RequestOutput:
+    def _retire(self, req: Request, out: RequestOutput | None = None) -> RequestOutput:
+        """Remove a finished request; its last delta is ``out`` (with nothing in it by default)."""
         self.scheduler.remove(req)
         if self.suffix is not None:
             self.suffix.retire(req)
         self.metrics.total_finished += 1
-        prompt_logprobs = req.take_prompt_logprobs() if req.finish_reason in ("stop", "length") else None
-        return RequestOutput(req.request_id, kept, delta, finished=True, finish_reason=req.finish_reason,
-                             logprobs=logprobs, error=req.error, stats=req.stats, prompt_logprobs=prompt_logprobs)
+        if out is None:
+            out = RequestOutput(req.request_id, [], "")
+        out.finished, out.finish_reason, out.error, out.stats = True, req.finish_reason, req.error, req.stats
+        if req.finish_reason in ("stop", "length"):
+            out.prompt_logprobs = req.take_prompt_logprobs()
+        return out
 
     def _fail(self, req: Request, exc: Exception) -> RequestOutput:
         self.metrics.total_failed += 1
         req.finish("error", error=f"internal error while processing the request: {type(exc).__name__}")
-        return self._retire(req, [], "", None)
+        return self._retire(req)
 
     def _refresh_gauges(self) -> None:
         m, s = self.metrics, self.scheduler

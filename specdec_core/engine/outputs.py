@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specdec_core.engine.provenance import TextPiece
 from specdec_core.engine.stats import acceptance_rate, count_into, mean_accepted_length
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -86,6 +87,11 @@ class RequestOutput:
     ``text`` deltas concatenate to the decoded completion (stop string excluded). The last delta
     has ``finished=True`` and a ``finish_reason``; with ``finish_reason == "error"`` the ``error``
     field says what went wrong.
+
+    ``sources[i]`` says how ``token_ids[i]`` was produced: the name of the proposer whose draft
+    the target accepted (``"draft"``, ``"ngram"``, ...) or ``"target"`` (sampled by the target).
+    ``provenance`` (only for requests with ``SamplingParams.provenance``) is ``text`` split into
+    pieces by the source of the token that wrote each; the pieces concatenate to ``text``.
     """
 
     request_id: str
@@ -99,3 +105,5 @@ class RequestOutput:
     # With the first delta of a request that asked for them: one entry per prompt token, the
     # first ``None`` (nothing predicts it).
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    sources: list[str] = field(default_factory=list)
+    provenance: list[TextPiece] | None = None

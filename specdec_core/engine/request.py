@@ -14,6 +14,7 @@ from specdec_core.decoding.detokenizer import IncrementalDetokenizer
 from specdec_core.decoding.sampling import RowParams
 from specdec_core.decoding.sampling_params import SamplingParams
 from specdec_core.engine.outputs import FinishReason, RequestStats, TokenLogprob
+from specdec_core.engine.provenance import TextPiece, TextProvenance
 from specdec_core.speculation.acceptance import LOOKUP_RELAX, LOOKUP_SOURCES, PRIOR, AcceptanceEstimate, Source
 
 if TYPE_CHECKING:  # types only: the request holds these, never calls into their modules' imports
@@ -49,6 +50,7 @@ class Request:
         suffix: SuffixIndex | None = None,
         grammar: GrammarState | None = None,
         min_tokens_ban: list[int] | None = None,
+        provenance: TextProvenance | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_ids = prompt_ids
@@ -84,6 +86,8 @@ class Request:
         # for); handed out once, with the request's first delta.
         self.prompt_logprobs: list[TokenLogprob] = []
         self.prompt_logprobs_sent = False
+        # Whose text the detokenizer holds back (None: the request did not ask for provenance).
+        self.provenance = provenance
 
     def alpha(self, source: Source) -> float:
         """This request's acceptance estimate for ``source`` now (see ``AcceptanceEstimate``)."""
@@ -136,6 +140,20 @@ class Request:
             return None
         self.prompt_logprobs_sent = True
         return [None, *self.prompt_logprobs]
+
+    def add_text(self, ids: list[int], sources: list[str]) -> tuple[str, int | None, list[TextPiece] | None]:
+        """Detokenize committed tokens: ``(delta, n_kept, pieces)``, ``n_kept`` as the detokenizer's
+        (a stop string ended the text at that token), ``pieces`` the delta by source when the
+        request asked for provenance (None otherwise)."""
+        if self.provenance is None:
+            return (*self.detokenizer.add(ids), None)
+        return self.provenance.add(self.detokenizer, ids, sources)
+
+    def flush_text(self, last_source: str) -> tuple[str, list[TextPiece] | None]:
+        """The text held back at the end (no stop string ended it), as ``add_text`` gives it."""
+        if self.provenance is None:
+            return self.detokenizer.flush(), None
+        return self.provenance.flush(self.detokenizer, last_source)
 
     def draws(self, count: int) -> list[float]:
         """``count`` uniforms from the request's own stream: a seeded request draws the same

@@ -165,6 +165,10 @@ class GenerationRequest(Schema):
                                     "model's); processed_logprobs: the one sampled from (after the grammar mask, "
                                     "logit_bias, penalties, temperature, top_k/top_p). Prompt log-probabilities are raw.",
     )
+    specdec_provenance: bool = Field(
+        False, description="Streamed only: each chunk's choice also carries 'provenance', its text in pieces by how "
+        "each token was produced (a proposer such as 'draft' or 'ngram', or 'target').",
+    )
 
     @field_validator("n")
     @classmethod
@@ -199,6 +203,13 @@ class GenerationRequest(Schema):
     def _not_streamed(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is not None and info.data.get("stream") is True:
             raise invalid("is not available when 'stream' is true (as in vLLM): ask without streaming.")
+        return value
+
+    @field_validator("specdec_provenance")
+    @classmethod
+    def _provenance_only_when_streaming(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("stream") is not True:
+            raise invalid("is only allowed when 'stream' is true (provenance rides on the streamed chunks).")
         return value
 
     @field_validator("num_speculative_tokens")
@@ -266,6 +277,7 @@ class GenerationRequest(Schema):
             logit_bias={int(key): value for key, value in self.logit_bias.items()},
             min_tokens=self.min_tokens,
             structured=structured if structured is not None else self.structured_output,
+            provenance=self.specdec_provenance,
         )
 
 
