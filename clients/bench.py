@@ -80,9 +80,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--url", default=None, help="base URL of a running server (default http://127.0.0.1:8000)")
     where.add_argument("--spawn", action="store_true", help="start one server per mode on free loopback ports")
-    p.add_argument("--pairing", choices=("same", "separate"), default="same",
+    p.add_argument("--pairing", choices=("same", "separate"), default=None,
                    help="same: each mode on vs off on one server, interleaved, ratios with bootstrap intervals "
-                        "(default); separate: one server per mode, off included")
+                        "(default); separate: one server per mode, off included (the default with --peer, "
+                        "whose rows are compared with an off row)")
 
     g = p.add_argument_group("models (--spawn and baselines)")
     g.add_argument("--model", default=None, help="target: HF dir, cached hub id or .gguf (default: embedded pair)")
@@ -154,6 +155,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-tokens must be >= 1")
     args.server_arg = [x for a in args.server_arg for x in shlex.split(a)]
     args.peer = [_peer(p_, i) for i, p_ in enumerate(args.peer)]
+    if args.pairing is None:
+        args.pairing = "separate" if args.peer else "same"
     # Spawned servers run from the repository root: make local model paths absolute first.
     for name in ("model", "draft_model"):
         value = getattr(args, name)

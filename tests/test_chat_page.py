@@ -30,7 +30,9 @@ SOURCES = {"draft", "ngram", "target"}
 
 @pytest.fixture(scope="module")
 def keyed_server(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tiny_args(tiny_target, tiny_draft), tmp_path_factory.mktemp("chat_page") / "server.log",
+    # The draft model only (auto may as well take a lookup): the page must show its colour.
+    srv = ServerProcess(tiny_args(tiny_target, tiny_draft, "--speculative-method", "draft"),
+                        tmp_path_factory.mktemp("chat_page") / "server.log",
                         env={"SPECDEC_API_KEY": KEY})
     try:
         srv.wait_ready()

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from conftest import load
+from conftest import load, slot_runner
 
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.speculation.cost_cache import CostCache
@@ -80,10 +80,8 @@ def test_the_table_learns_per_bucket() -> None:
 
 
 def test_the_first_calibration_keeps_to_its_budget(pair, caplog) -> None:
-    from specdec_core.execution.model_runner import ModelRunner
-
-    target = ModelRunner(pair[0].model, 4, 160, 49152)
-    draft = ModelRunner(pair[1].model, 4, 160, 49152)
+    target = slot_runner(pair[0].model, 4, 160, vocab_size=49152)
+    draft = slot_runner(pair[1].model, 4, 160, vocab_size=49152)
     with caplog.at_level(logging.INFO, logger="specdec"):
         costs = calibrate(target, draft, 4, 3, 160, budget_s=0.0, repeats=1)
     # A spent budget still times the required shapes (target 1 and 2 tokens, a 1-request draft);
@@ -92,7 +90,10 @@ def test_the_first_calibration_keeps_to_its_budget(pair, caplog) -> None:
     assert costs.draft_table is not None and costs.draft_table.sizes == [1, 2, 3, 4]
     t, d = costs.target_table.seconds, costs.draft_table.seconds
     assert t[2] == pytest.approx(max(t[0] + 2 * (t[1] - t[0]), t[0], t[1]))
-    assert t == sorted(t) and d == pytest.approx([d[0] * n for n in (1, 2, 3, 4)])
+    # The two timed sizes are whatever the machine gave (a loaded one may time 1 token slower
+    # than 2); every extrapolated size is at least every smaller size's cost.
+    assert all(t[i] >= max(t[:i]) for i in range(2, len(t)))
+    assert d == pytest.approx([d[0] * n for n in (1, 2, 3, 4)])
     assert "3 of 11 shapes timed, the others extrapolated" in caplog.text and "cap 0 s" in caplog.text
 
 

@@ -89,7 +89,8 @@ def draw(target, draft, params: SamplingParams, quantize: str, method: str = "dr
     if method == "suffix":
         # Every request's first step drafts two tokens from its own trie; later requests also
         # find earlier requests' outputs in the global trie, which wins some second steps.
-        assert eng.suffix is not None and len(eng.suffix.cache) > SAMPLES // 2
+        # (It holds as many 2-token outputs as its token budget allows: 8,192 of the 20,000.)
+        assert eng.suffix is not None and len(eng.suffix.cache) == eng.config.suffix_cache_tokens // 2
         assert m.draft_tokens_by_source["suffix"] > 2 * SAMPLES, m.draft_tokens_by_source
     if method == "auto":
         # A first token that occurs in the prompt makes the second step an n-gram lookup (one-hot q)

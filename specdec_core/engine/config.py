@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -10,6 +11,7 @@ SpeculativeMethod = Literal["auto", "draft", "ngram", "suffix", "none"]
 
 
 CACHE_DIR_ENV = "SPECDEC_CACHE_DIR"
+DEFAULT_BLOCK_SIZE = 16  # tokens per KV block (vLLM's default)
 
 
 def default_cache_dir() -> Path:
@@ -94,8 +96,9 @@ class EngineConfig:
         "prompt + completion tokens per request", minimum=2,
         default_help="the model's own context length, or what the KV cache holds if that is less"))
     # The KV pool: fixed-size blocks handed out as requests grow (``execution.kv_cache``).
-    block_size: int = field(default=16, metadata=_flag(
-        "tokens per KV cache block (must divide --prefill-chunk-size)", minimum=1))
+    block_size: int = field(default=DEFAULT_BLOCK_SIZE, metadata=_flag(
+        f"tokens per KV cache block; must divide --prefill-chunk-size (the default {DEFAULT_BLOCK_SIZE} is "
+        "lowered to a divisor of it)", minimum=1))
     kv_cache_memory: str | None = field(default=None, metadata=_flag(
         "memory for the KV cache of both models, e.g. 8GiB or 512MiB (CPU; on CUDA it overrides "
         "--gpu-memory-utilization)", default_help="a quarter of the memory available at start on the CPU"))
@@ -142,6 +145,8 @@ class EngineConfig:
             raise ValueError("num_speculative_tokens must be >= 0")
         if self.max_num_seqs < 1 or (self.max_model_len is not None and self.max_model_len < 2) or self.prefill_chunk_size < 1:
             raise ValueError("max_num_seqs, max_model_len and prefill_chunk_size must be positive")
+        if self.block_size == DEFAULT_BLOCK_SIZE:
+            self.block_size = math.gcd(DEFAULT_BLOCK_SIZE, self.prefill_chunk_size)
         if self.block_size < 1 or self.prefill_chunk_size % self.block_size:
             raise ValueError(f"--prefill-chunk-size ({self.prefill_chunk_size}) must be a multiple of --block-size "
                              f"({self.block_size}): cached prompt chunks are whole blocks")

@@ -16,8 +16,10 @@ call; ``TextProvenance`` remembers whose it was, so every emitted character keep
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from specdec_core.decoding.detokenizer import IncrementalDetokenizer
+if TYPE_CHECKING:  # a type only: the server imports this module, and the detokenizer imports transformers
+    from specdec_core.decoding.detokenizer import IncrementalDetokenizer
 
 TARGET = "target"
 
