@@ -49,7 +49,10 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
     with sync_playwright() as p:
         # A fresh profile; no sandbox (CI runs as root); nothing that reaches for the network.
         context = p.chromium.launch_persistent_context(
+            # bypass_csp: the page forbids eval, which the test driver's wait_for_function uses
+            # (newer Playwright releases evaluate through it); users keep the page's policy.
             str(profile), executable_path=CHROMIUM, headless=True, viewport={"width": 1100, "height": 720},
+            bypass_csp=True,
             args=["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run", "--disable-sync"],
         )
