@@ -32,12 +32,13 @@ from specdec_core.decoding.logprobs import token_logprobs
 from specdec_core.decoding.sampling_params import SamplingParams, outside_vocab
 from specdec_core.decoding.structured_output import StructuredOutput
 from specdec_core.engine.config import EngineConfig, speculation_method
-from specdec_core.engine.kv_sizing import KVSizing, available_memory, parse_size, size_kv
+from specdec_core.engine.kv_sizing import size_for
 from specdec_core.engine.outputs import RequestOutput, RequestStats
 from specdec_core.engine.provenance import TARGET, TextProvenance, token_sources
 from specdec_core.engine.request import Request
 from specdec_core.engine.scheduler import Scheduler
 from specdec_core.engine.speculative_step import SpeculativeStep, StepOutcome
+from specdec_core.engine.startup_costs import step_costs
 from specdec_core.engine.stats import EngineMetrics
 from specdec_core.engine.step_plan import ScheduledStep
 from specdec_core.execution.hf_types import HFModule
@@ -46,15 +47,14 @@ from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.loading.draft_vocab import frequent_token_ids
 from specdec_core.loading.progress_log import phase
 from specdec_core.speculation.acceptance import Source
-from specdec_core.speculation.cost_cache import CostCache, machine, model_identity
-from specdec_core.speculation.cost_model import StepCostModel, calibrate, observe_step, warm_up
+from specdec_core.speculation.cost_model import observe_step
 from specdec_core.speculation.draft_model import DraftModelProposer
 from specdec_core.speculation.ngram import NgramProposer
 from specdec_core.speculation.policy import LookupProposer, SpeculationPolicy
 from specdec_core.speculation.suffix import SuffixProposer
 
 if TYPE_CHECKING:  # the loader is imported where models are loaded (it pulls in transformers)
-    from specdec_core.loading.loader import LoadedModel
+    pass
 
 log = logging.getLogger("specdec.engine")
 
@@ -111,7 +111,8 @@ class Engine:
         self.eos_ids = eos_token_ids(target.model, target.tokenizer)
         param = next(target.model.parameters())
         self.quantize = resolve_quantize(config.quantize, param.device, param.dtype)
-        self.kv = self._size_kv(config, [target.model] + ([draft.model] if draft is not None else []), param.device)
+        self.kv = size_for(config, [target.model] + ([draft.model] if draft is not None else []), param.device,
+                           self.num_speculative_tokens)
         self.max_model_len = config.max_model_len = self.kv.max_model_len
         log.info("%s", self.kv.describe())
 
@@ -141,51 +142,11 @@ class Engine:
                                    self.kv.block_size, config.enable_prefix_caching)
         self.metrics = EngineMetrics()
         self._seed_rng = torch.Generator().manual_seed(config.seed if config.seed is not None else int(time.time_ns() % 2**31))
-        self.cost_cache: CostCache | None = None
-        self.costs = self._measure_costs(target, draft)
+        self.costs, self.cost_cache = step_costs(config, self.target, self.draft_runner, target, draft,
+                                                 self.quantize, 1 + self.num_speculative_tokens)
         self.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
         self.grammars.warm()
         self.policy = SpeculationPolicy(method, self.costs, config.adaptive_speculation, self.max_model_len, lookups)
-
-    def _size_kv(self, config: EngineConfig, models: list[HFModule], device: torch.device) -> KVSizing:
-        """The KV pool from the memory budget (``kv_sizing``): before the runners prepare their
-        kernels, which with ``release_weights`` keep the memory the loaded weights take."""
-        budget = (parse_size(config.kv_cache_memory) if config.kv_cache_memory is not None
-                  else available_memory(device, config.gpu_memory_utilization))
-        return size_kv(models, config.block_size, config.max_num_seqs, self.num_speculative_tokens,
-                       config.max_model_len, budget)
-
-    def _measure_costs(self, target: LoadedModel, draft: LoadedModel | None) -> StepCostModel:
-        """The step costs of this configuration on this machine: from the cache when an earlier
-        start saved them (``cost_cache``), else timed over the step shapes this engine can produce
-        (``cost_model.calibrate``, bounded) and saved. Without adaptive speculation nothing reads
-        them. With speculation off it still runs (target only, a few seconds): its forwards over
-        every batch shape are the warm-up that makes the first full batch as fast as the later
-        ones (measured: a server that skipped it decoded 16 requests 15% slower for the whole run,
-        the allocator's state after large frees being the likely cause), so a cache hit still
-        runs every shape once, untimed."""
-        if not self.config.adaptive_speculation:
-            return StepCostModel.constant(self.draft_runner is not None)
-        cfg, shape = self.config, (self.target, self.draft_runner, self.config.max_num_seqs,
-                                   1 + self.num_speculative_tokens, self.max_model_len)
-        self.cost_cache = CostCache(cfg.cache_dir, {
-            "target": model_identity(target.path), "draft": model_identity(draft.path) if draft is not None else None,
-            "quantize": self.quantize, "attention": self.target.attention, "path": self.target.path,
-            "dtype": str(self.target.dtype), "device": self.target.device.type, "machine": machine(),
-            "max_num_seqs": cfg.max_num_seqs, "tokens_per_seq": shape[3], "max_model_len": cfg.max_model_len,
-            "draft_vocab_size": cfg.draft_vocab_size if draft is not None else None})
-        cached = self.cost_cache.load()
-        if cached is not None:
-            with phase(log, "warming up the step shapes (step costs from the cache)"):
-                ran = warm_up(*shape)
-            log.info("step costs loaded from the cache %s (corrected by %d real steps so far; %d step shapes "
-                     "warmed up): %s", self.cost_cache.path, cached.observed_steps, ran, cached.describe())
-            return cached
-        with phase(log, "calibrating: timing target and draft steps for the speculation policy"):
-            costs = calibrate(*shape)
-        self.cost_cache.save(costs)
-        log.info("step costs measured (no cache for this configuration) and saved to %s", self.cost_cache.path)
-        return costs
 
     def save_costs(self) -> None:
         """Write the step costs real steps have corrected (when the engine stops)."""

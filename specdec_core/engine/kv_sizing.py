@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec_core.engine.config import EngineConfig
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.kv_cache import blocks_for, kv_bytes_per_token
 
@@ -104,3 +105,12 @@ def size_kv(models: list[HFModule], block_size: int, max_num_seqs: int, lookahea
                     "(--kv-cache-memory / --gpu-memory-utilization)", max_len, fits)
         max_len = fits
     return KVSizing(num_blocks, block_size, max_len, per_token)
+
+
+def size_for(config: EngineConfig, models: list[HFModule], device: torch.device, lookahead: int) -> KVSizing:
+    """The pool an engine gets from its flags: ``--kv-cache-memory`` when given, else the device's
+    budget. Called before the runners prepare their kernels, which with ``release_weights`` keep
+    the memory the loaded weights take."""
+    budget = (parse_size(config.kv_cache_memory) if config.kv_cache_memory is not None
+              else available_memory(device, config.gpu_memory_utilization))
+    return size_kv(models, config.block_size, config.max_num_seqs, lookahead, config.max_model_len, budget)

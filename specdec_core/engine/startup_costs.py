@@ -1,0 +1,53 @@
+"""The step costs an engine starts with: from the cache when an earlier start saved them, else
+measured (bounded) and saved.
+
+Without adaptive speculation nothing reads them. With speculation off it still runs (target only,
+a few seconds): its forwards over every batch shape are the warm-up that makes the first full
+batch as fast as the later ones (measured: a server that skipped it decoded 16 requests 15%
+slower for the whole run, the allocator's state after large frees being the likely cause), so a
+cache hit still runs every shape once, untimed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from specdec_core.engine.config import EngineConfig
+from specdec_core.execution.model_runner import ModelRunner
+from specdec_core.loading.progress_log import phase
+from specdec_core.speculation.cost_cache import CostCache, machine, model_identity
+from specdec_core.speculation.cost_model import StepCostModel, calibrate, warm_up
+
+if TYPE_CHECKING:
+    from specdec_core.loading.loader import LoadedModel
+
+log = logging.getLogger("specdec.engine")
+
+
+def step_costs(config: EngineConfig, target: ModelRunner, draft: ModelRunner | None, target_model: LoadedModel,
+               draft_model: LoadedModel | None, quantize: str, tokens_per_seq: int) -> tuple[StepCostModel, CostCache | None]:
+    """The costs of this configuration on this machine (``cost_model.calibrate``), and the cache
+    they are kept in (None without adaptive speculation)."""
+    if not config.adaptive_speculation:
+        return StepCostModel.constant(draft is not None), None
+    shape = (target, draft, config.max_num_seqs, tokens_per_seq, config.max_model_len)
+    cache = CostCache(config.cache_dir, {
+        "target": model_identity(target_model.path),
+        "draft": model_identity(draft_model.path) if draft_model is not None else None,
+        "quantize": quantize, "attention": target.attention, "path": target.path,
+        "dtype": str(target.dtype), "device": target.device.type, "machine": machine(),
+        "max_num_seqs": config.max_num_seqs, "tokens_per_seq": tokens_per_seq, "max_model_len": config.max_model_len,
+        "draft_vocab_size": config.draft_vocab_size if draft_model is not None else None})
+    cached = cache.load()
+    if cached is not None:
+        with phase(log, "warming up the step shapes (step costs from the cache)"):
+            ran = warm_up(*shape)  # type: ignore[arg-type]
+        log.info("step costs loaded from the cache %s (corrected by %d real steps so far; %d step shapes "
+                 "warmed up): %s", cache.path, cached.observed_steps, ran, cached.describe())
+        return cached, cache
+    with phase(log, "calibrating: timing target and draft steps for the speculation policy"):
+        costs = calibrate(*shape)  # type: ignore[arg-type]
+    cache.save(costs)
+    log.info("step costs measured (no cache for this configuration) and saved to %s", cache.path)
+    return costs, cache
