@@ -11,7 +11,12 @@ attention call per layer for the whole step). Tiny random Qwen2 models with the 
 the default pair (target 28 layers, draft 24) give the real counts.
 
     python clients/step_counts.py                 # the table for B in 1, 16 and k in 0, 4
+    python clients/step_counts.py --graphs        # the same with --decode-graphs on
     python clients/step_counts.py --json out.json
+
+With ``--graphs`` the forwards run in the bucketed shapes CUDA captures as graphs
+(``execution/decode_graphs.py``); the ops inside a captured body are not counted, each run of a
+body counts as one launch (a graph replay), so the table is what a step launches on CUDA.
 
 ``tests/test_step_budget.py`` holds these counts as budgets, so a change that adds launches or
 round trips per step fails there.
@@ -52,10 +57,11 @@ class _OpCounter(TorchDispatchMode):
     def __init__(self, counts: StepCounts) -> None:
         super().__init__()
         self.counts = counts
+        self.in_graph = False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = func.overloadpacket.__name__
-        if name not in NO_KERNEL:
+        if name not in NO_KERNEL and not self.in_graph:
             self.counts.ops += 1
             self.counts.by_op[name] += 1
         return func(*args, **(kwargs or {}))
@@ -63,8 +69,22 @@ class _OpCounter(TorchDispatchMode):
 
 @contextlib.contextmanager
 def counting() -> Iterator[StepCounts]:
-    """Count kernel-launching ops and host round trips inside the block (this thread)."""
+    """Count kernel-launching ops and host round trips inside the block (this thread); the body of
+    a bucketed forward (what CUDA replays as one graph) counts as one op, ``cuda_graph_replay``."""
+    from specdec_core.execution.decode_graphs import DecodeGraphs
+
     counts = StepCounts()
+    counter = _OpCounter(counts)
+    real_body = DecodeGraphs._body
+
+    def body(self: DecodeGraphs, *args: Any) -> torch.Tensor:
+        counts.ops += 1
+        counts.by_op["cuda_graph_replay"] += 1
+        counter.in_graph = True
+        try:
+            return real_body(self, *args)
+        finally:
+            counter.in_graph = False
     real = {name: getattr(torch.Tensor, name) for name in ("tolist", "item", "__bool__", "to")}
     real_tensor = torch.tensor
 
@@ -90,12 +110,14 @@ def counting() -> Iterator[StepCounts]:
             setattr(torch.Tensor, name, host(name))
         torch.Tensor.to = to  # type: ignore[method-assign]
         torch.tensor = tensor  # type: ignore[assignment]
-        with _OpCounter(counts):
+        DecodeGraphs._body = body  # type: ignore[method-assign]
+        with counter:
             yield counts
     finally:
         for name, fn in real.items():
             setattr(torch.Tensor, name, fn)
         torch.tensor = real_tensor  # type: ignore[assignment]
+        DecodeGraphs._body = real_body  # type: ignore[method-assign]
 
 
 def smol_tokenizer(out: Path) -> Path:
@@ -131,8 +153,10 @@ def build_models(out: Path, tokenizer_dir: Path, hidden: int = 64) -> tuple[Path
     return paths[0], paths[1]
 
 
-def steady_step(target: Path, draft: Path, batch: int, k: int, temperature: float = 0.0) -> StepCounts:
-    """Counts of one steady decode step of ``batch`` requests each verifying ``k`` draft-model drafts."""
+def steady_step(target: Path, draft: Path, batch: int, k: int, temperature: float = 0.0,
+                graphs: bool = False) -> StepCounts:
+    """Counts of one steady decode step of ``batch`` requests each verifying ``k`` draft-model drafts
+    (``graphs``: in the bucketed shapes, bodies counted as replays)."""
     from specdec_core.decoding.sampling_params import SamplingParams
     from specdec_core.engine.config import EngineConfig
     from specdec_core.engine.engine import Engine
@@ -140,7 +164,8 @@ def steady_step(target: Path, draft: Path, batch: int, k: int, temperature: floa
 
     config = EngineConfig(model=str(target), draft_model=str(draft), device="cpu", dtype="bfloat16", quantize="none",
                           max_num_seqs=max(batch, 1), max_model_len=256, attention="packed", speculative_method="draft" if k else "none",
-                          num_speculative_tokens=max(k, 1), adaptive_speculation=False, seed=0)
+                          num_speculative_tokens=max(k, 1), adaptive_speculation=False, seed=0,
+                          decode_graphs="on" if graphs else "off")
     def load(path: Path, role: str) -> Any:
         return load_model(str(path), role=role, device="cpu", dtype="bfloat16", cache_dir=path.parent, progress=False)
 
@@ -159,12 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", type=Path, default=None, help="also write the table here")
     p.add_argument("--top", type=int, default=8, help="most frequent ops to list per row")
+    p.add_argument("--graphs", action="store_true", help="forwards in the bucketed shapes CUDA replays as graphs")
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = build_models(Path(tmp), smol_tokenizer(Path(tmp) / "tokenizer"))
         for batch, k, temperature in ((1, 0, 0.0), (16, 0, 0.0), (1, 4, 0.0), (16, 4, 0.0), (16, 4, 0.8)):
-            c = steady_step(target, draft, batch, k, temperature)
+            c = steady_step(target, draft, batch, k, temperature, graphs=args.graphs)
             rows.append({"batch": batch, "k": k, "temperature": temperature, "ops": c.ops, "host_round_trips": c.host_reads,
                          "top_ops": c.by_op.most_common(args.top)})
             print(f"B={batch:<3} k={k} T={temperature}: {c.ops:6d} kernel ops, {c.host_reads:3d} host round trips   "

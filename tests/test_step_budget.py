@@ -9,6 +9,8 @@ row's warping is one table of tensors, and the host uploads once and reads once 
 counts do not grow with the batch, and a step makes two round trips whatever its size.
 Measured 2026-11-24: 1,294 ops (k=0) and 5,752 (k=4) at B=1 and B=16 alike, 2 round trips;
 before this step: 1,153 / 1,993 (k=0, B=1 / 16), 5,343 / 12,558 (k=4), 8 to 56 round trips.
+With ``--decode-graphs on`` (the CUDA default: each forward's layers replayed as one captured
+graph) a step launches 32 (k=0) and 142 (k=4; 181 sampled) at B=1 and B=16 alike.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from step_counts import DRAFT_LAYERS, TARGET_LAYERS, build_models, counting, ste
 # (batch, k) -> kernel ops per steady step, today's counts with a little room.
 OPS_BUDGET = {(1, 0): 1300, (16, 0): 1300, (1, 4): 5800, (16, 4): 5800}
 MAX_ROUND_TRIPS = 4  # issue 21: at most 4 per step at B=16, k=4, greedy and sampled
+# With the forwards' layers replayed as graphs: what a step launches on CUDA.
+GRAPH_BUDGET = {(1, 0, 0.0): 40, (16, 4, 0.0): 160, (16, 4, 0.8): 200}
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +40,11 @@ def steps(pair) -> dict:  # type: ignore[type-arg]
     """One counted steady step per (batch, k, temperature), shared by the tests below."""
     return {(b, k, t): steady_step(*pair, batch=b, k=k, temperature=t)
             for b, k, t in ((1, 0, 0.0), (16, 0, 0.0), (1, 4, 0.0), (16, 4, 0.0), (16, 4, 0.8))}
+
+
+@pytest.fixture(scope="module")
+def graph_steps(pair) -> dict:  # type: ignore[type-arg]
+    return {key: steady_step(*pair, batch=key[0], k=key[1], temperature=key[2], graphs=True) for key in GRAPH_BUDGET}
 
 
 def test_the_counter_sees_ops_and_host_reads() -> None:
@@ -73,3 +82,12 @@ def test_a_speculative_step_makes_at_most_four_host_round_trips(steps, temperatu
 
 def test_plain_decoding_reads_the_host_as_often_alone_as_in_a_crowd(steps) -> None:
     assert steps[(1, 0, 0.0)].host_reads == steps[(16, 0, 0.0)].host_reads
+
+
+def test_with_decode_graphs_a_step_launches_a_few_dozen_kernels_per_forward(graph_steps) -> None:
+    """Five forwards at k=4 (four draft positions, one verification), each one replay."""
+    for key, budget in GRAPH_BUDGET.items():
+        counts = graph_steps[key]
+        assert counts.ops <= budget, f"{key}: {counts.ops} launches: {counts.by_op.most_common(6)}"
+        assert counts.by_op["cuda_graph_replay"] == (5 if key[1] else 1)
+        assert counts.host_reads <= MAX_ROUND_TRIPS

@@ -89,6 +89,12 @@ class EngineConfig:
         "attention layout of the Llama-family forward: segments (one call per request's known tokens and per "
         "draft; rows bit-identical alone and batched), packed (one call per layer for the whole step; rows equal "
         "up to rounding), auto = segments on CPU, packed on CUDA"))
+    # On a GPU a decode step is bound by kernel launches: replaying a captured graph costs one.
+    decode_graphs: Literal["auto", "on", "off"] = field(default="auto", metadata=_flag(
+        "run decode, verification and draft-position forwards in bucketed static shapes (requests padded to "
+        "1/2/4/8/16/24/..., keys to a power of two), captured as CUDA graphs per bucket on first use and replayed "
+        "(vLLM's --enforce-eager is 'off'); needs packed attention and a Llama-family model; on the CPU 'on' runs "
+        "the same shapes eagerly (slower: for checking them); auto = on with CUDA, off on the CPU"))
     max_num_seqs: int = field(default=8, metadata=_flag("requests decoded together in one batch", minimum=1))
     # None: the model's own context length (max_position_embeddings), lowered to what the KV pool
     # holds; the engine writes the value it runs with back here (``kv_sizing``).

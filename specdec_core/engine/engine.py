@@ -116,12 +116,18 @@ class Engine:
         self.max_model_len = config.max_model_len = self.kv.max_model_len
         log.info("%s", self.kv.describe())
 
+        graphs = config.decode_graphs == "on" or (config.decode_graphs == "auto" and param.device.type == "cuda")
+        buckets = (config.max_num_seqs, self.num_speculative_tokens + 1) if graphs else None
+
         def runner(model: HFModule, head_rows: list[int] | None = None) -> ModelRunner:
             return ModelRunner(model, self.kv.num_blocks, self.kv.block_size, self.max_model_len, vocab, self.quantize,
-                               release_weights=owns_models, head_rows=head_rows, attention=config.attention)
+                               release_weights=owns_models, head_rows=head_rows, attention=config.attention,
+                               graphs=buckets)
 
         with phase(log, f"preparing {self.quantize} kernels for the target model"):
             self.target = runner(target.model)
+        if config.decode_graphs == "on" and self.target.graphs is None:
+            raise ValueError("--decode-graphs on needs packed attention (--attention packed) and a Llama-family model")
         self.draft_runner = None
         if draft is not None:
             head = frequent_token_ids(self.tokenizer, config.draft_vocab_size, vocab, self.eos_ids)
@@ -136,8 +142,10 @@ class Engine:
         if self.suffix is not None:
             lookups["suffix"] = self.suffix
         self.speculative_step = SpeculativeStep(self.target, self.drafter, lookups)
-        log.info("execution: target %s path, draft %s, quantize=%s", self.target.path,
-                 self.draft_runner.path if self.draft_runner else "none", self.quantize)
+        log.info("execution: target %s path, draft %s, quantize=%s, decode graphs %s", self.target.path,
+                 self.draft_runner.path if self.draft_runner else "none", self.quantize,
+                 ("captured per bucket" if self.target.device.type == "cuda" else "padded, eager")
+                 if self.target.graphs is not None else "off")
         self.scheduler = Scheduler(config.max_num_seqs, config.prefill_chunk_size, BlockPool(self.kv.num_blocks),
                                    self.kv.block_size, config.enable_prefix_caching)
         self.metrics = EngineMetrics()

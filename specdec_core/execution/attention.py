@@ -54,6 +54,15 @@ class PackedAttention:
     kv_max: int
 
 
+def packed_attention(q_gather: torch.Tensor, q_pos: torch.Tensor, k_gather: torch.Tensor, out_rows: torch.Tensor,
+                     groups: int, q_max: int, kv_max: int) -> PackedAttention:
+    """The packed layout from its planned indices; ``q_pos`` ``[groups * q_max]`` is each padded
+    query's position, so a query sees its own request's keys at positions up to its own."""
+    key_pos = torch.arange(kv_max, device=q_pos.device)
+    mask = key_pos[None, None, :] <= q_pos.view(groups, q_max, 1)
+    return PackedAttention(q_gather, k_gather, mask[:, None], out_rows, groups, q_max, kv_max)
+
+
 def attend_segments(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
     """``q`` ``[H, T, D]``; ``keys``/``values`` a layer's cache ``[kv_heads, rows, D]``; returns
     ``[T, H, D]``."""

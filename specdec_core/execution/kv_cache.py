@@ -156,22 +156,25 @@ class BlockPool:
 
 
 class PagedKVCache(Cache):
-    """KV storage of one model: ``[kv_heads, num_blocks * block_size, head_dim]`` per layer.
+    """KV storage of one model: ``[kv_heads, (num_blocks + 1) * block_size, head_dim]`` per layer.
 
     Heads first, so both the rows written and the rows read back are ``[heads, tokens, dim]``
     blocks that attention consumes without a transposing copy (several times faster on CPU).
+    The last block is no request's: padding tokens of a bucketed forward (``decode_graphs``)
+    write their keys there (``scratch_row``) and read only those.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
         super().__init__(layers=[])
-        shape = (num_kv_heads, num_blocks * block_size, head_dim)
+        shape = (num_kv_heads, (num_blocks + 1) * block_size, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.device = device
         self.layout: PackedLayout | None = None
+        self.scratch_row = num_blocks * block_size
 
     @property
     def nbytes(self) -> int:

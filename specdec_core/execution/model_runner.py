@@ -20,7 +20,8 @@ from typing import Literal
 
 import torch
 
-from specdec_core.execution.attention import PackedAttention, Segment
+from specdec_core.execution.attention import Segment, packed_attention
+from specdec_core.execution.decode_graphs import Bucket, DecodeGraphs, kv_bucket
 from specdec_core.execution.gguf_weights import attach_block_weights, detach_block_weights, prepare_block_linears
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.host_upload import HostUpload, Ref
@@ -44,7 +45,8 @@ class ForwardPlan:
     # native, segmented: row, q_len, base, kv_len, group (index into ``gathers`` or -1: a slice)
     segments: list[tuple[int, int, int, int, int]] | None = None
     gathers: list[Ref] | None = None  # native, segmented: cache rows of requests not in one run
-    packed_shape: tuple[int, int, int] | None = None  # native, packed: groups, rows and keys per group
+    packed_shape: Bucket | None = None  # native, packed: groups, rows and keys per group
+    bucketed: bool = False  # native, packed: runs in its bucket's static shape (``decode_graphs``)
     key_range: tuple[int, int] | None = None  # transformers path, one request: its contiguous keys
 
 
@@ -74,11 +76,14 @@ class ModelRunner:
 
     def __init__(self, model: HFModule, num_blocks: int, block_size: int, max_len: int, vocab_size: int,
                  quantize: Quantize = "none", release_weights: bool = False,
-                 head_rows: list[int] | None = None, attention: Attention = "auto") -> None:
+                 head_rows: list[int] | None = None, attention: Attention = "auto",
+                 graphs: tuple[int, int] | None = None) -> None:
         """``num_blocks`` x ``block_size``: the KV pool (``kv_cache``); ``max_len``: the longest
         request (positions the rotary table covers).
         ``release_weights``: the runner owns ``model`` and may free the original weights it
         has copied into prepared kernels (halves peak memory); leave it off for shared models.
+        ``graphs``: (most requests, most tokens per request) of the forwards to run in bucketed
+        static shapes (``decode_graphs``; packed attention only), captured as CUDA graphs on a GPU.
         ``head_rows``: score only these token ids (``draft_vocab``); every other logit is -inf,
         so whatever is sampled from the logits has probability 0 outside them."""
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -92,6 +97,7 @@ class ModelRunner:
             cfg.num_hidden_layers, num_blocks, block_size, kv_heads, head_dim, self.dtype, self.device
         )
         self.vocab_size = vocab_size
+        self.max_len = max_len
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.native: NativeLlama | None = None
         self.attention = ("packed" if self.device.type == "cuda" else "segments") if attention == "auto" else attention
@@ -101,6 +107,10 @@ class ModelRunner:
             self._prepare(model, quantize, max_len, release_weights, head_rows)
         finally:
             detach_block_weights(model)
+        self.graphs: DecodeGraphs | None = None
+        if graphs is not None and self.native is not None and self.attention == "packed":
+            self.graphs = DecodeGraphs(self.native, self.cache, graphs[0], graphs[1], max_len,
+                                       capture=self.device.type == "cuda")
 
     def _prepare(self, model: HFModule, quantize: Quantize, max_len: int, release_weights: bool,
                  head_rows: list[int] | None) -> None:
@@ -136,7 +146,11 @@ class ModelRunner:
         ids = upload[plan.refs["ids"]] if input_ids is None else input_ids
         if self.native is None:
             return self._run_packed(plan, upload, ids)
-        logits = self.native(self._native_batch(plan, upload, ids), self.cache)
+        if plan.bucketed and plan.packed_shape is not None and self.graphs is not None:
+            hidden = self.graphs.run(plan.packed_shape, ids, upload[plan.refs["index"]])
+            logits = self.native.head(hidden.index_select(0, upload[plan.refs["logit_rows"]]))
+        else:
+            logits = self.native(self._native_batch(plan, upload, ids), self.cache)
         rows = self.native.head_rows
         if rows is None:
             return logits[:, : self.vocab_size]
@@ -145,6 +159,10 @@ class ModelRunner:
     def _token_refs(self, items: list[ForwardItem], upload: HostUpload) -> tuple[dict[str, Ref], int]:
         """What every forward needs, whichever path: token ids, positions, the flat cache rows
         they are written to, and the rows whose logits come back (and how many)."""
+        lists = self._token_lists(items)
+        return {name: upload.ints(values) for name, values in lists.items()}, len(lists["logit_rows"])
+
+    def _token_lists(self, items: list[ForwardItem]) -> dict[str, list[int]]:
         bs = self.cache.block_size
         ids: list[int] = []
         pos: list[int] = []
@@ -158,19 +176,15 @@ class ModelRunner:
             write += token_rows(it.blocks, bs, it.start, it.start + n)
             logit_rows += range(row + n - it.num_logits, row + n)
             extra_rows += range(row + n - it.num_logits - it.extra_logits, row + n - it.num_logits)
-        logit_rows += extra_rows
-        refs = {"ids": upload.ints(ids), "pos": upload.ints(pos), "write": upload.ints(write),
-                "logit_rows": upload.ints(logit_rows)}
-        return refs, len(logit_rows)
+        return {"ids": ids, "pos": pos, "write": write, "logit_rows": logit_rows + extra_rows}
 
     def _plan_native(self, items: list[ForwardItem], upload: HostUpload) -> ForwardPlan:
         """The tokens' indices, then the attention's layout."""
-        plan = ForwardPlan(*self._token_refs(items, upload))
-        if self.attention == "packed":
-            self._plan_packed_attention(items, upload, plan)
-        else:
+        if self.attention != "packed":
+            plan = ForwardPlan(*self._token_refs(items, upload))
             plan.segments, plan.gathers = self._segments(items, upload)
-        return plan
+            return plan
+        return self._plan_packed_attention(items, upload)
 
     def _segments(self, items: list[ForwardItem], upload: HostUpload) -> tuple[list[tuple[int, int, int, int, int]], list[Ref]]:
         """A request's known tokens form one attention segment and every draft one of its own:
@@ -191,17 +205,24 @@ class ModelRunner:
             row += len(it.tokens)
         return segments, gathers
 
-    def _plan_packed_attention(self, items: list[ForwardItem], upload: HostUpload, plan: ForwardPlan) -> None:
+    def _plan_packed_attention(self, items: list[ForwardItem], upload: HostUpload) -> ForwardPlan:
         """One attention call per layer: every request is a group of up to ``q_max`` rows over
-        up to ``kv_max`` of its own keys, under a causal mask (a draft row at position p sees
-        keys 0..p, as when decoded alone). Padding rows see key 0 and are never read back."""
+        ``kv_max`` keys gathered from its own (``kv_bucket``: a power of two, so that a padded
+        and an eager forward make the same call), under a causal mask (a draft row at position
+        p sees keys 0..p, as when decoded alone). Padding rows see key 0 and are never read back.
+        Where the forward fits a bucket of ``decode_graphs``, its groups and tokens are padded
+        to the bucket's and its indices uploaded in the bucket's static-buffer order."""
         bs = self.cache.block_size
         q_max = max(len(it.tokens) for it in items)
-        kv_max = max(it.start + len(it.tokens) for it in items)
+        kv_max = kv_bucket(max(it.start + len(it.tokens) for it in items), bs, self.max_len)
+        bucket = self.graphs.bucket(len(items), q_max, kv_max) if self.graphs is not None else None
+        shape = bucket or Bucket(len(items), q_max, kv_max)
+        lists = self._token_lists(items)
         q_gather: list[int] = []
         q_pos: list[int] = []
         k_gather: list[int] = []
         out_rows: list[int] = []
+        spare: list[int] = []  # query slots no real token reads (padding tokens do, when bucketed)
         row = 0
         for g, it in enumerate(items):
             n = len(it.tokens)
@@ -210,20 +231,30 @@ class ModelRunner:
             q_pos += [it.start + i if i < n else 0 for i in range(q_max)]
             k_gather += keys + [keys[0]] * (kv_max - len(keys))  # padding keys are masked out
             out_rows += range(g * q_max, g * q_max + n)
+            spare += range(g * q_max + n, (g + 1) * q_max)
             row += n
-        plan.refs.update(q_gather=upload.ints(q_gather), q_pos=upload.ints(q_pos),
-                         k_gather=upload.ints(k_gather), out_rows=upload.ints(out_rows))
-        plan.packed_shape = (len(items), q_max, kv_max)
+        num_logits = len(lists["logit_rows"])
+        refs = {"ids": upload.ints(lists["ids"]), "logit_rows": upload.ints(lists["logit_rows"])}
+        plan = ForwardPlan(refs, num_logits, packed_shape=shape, bucketed=bucket is not None)
+        if bucket is None:
+            refs.update(pos=upload.ints(lists["pos"]), write=upload.ints(lists["write"]), q_gather=upload.ints(q_gather),
+                        q_pos=upload.ints(q_pos), k_gather=upload.ints(k_gather), out_rows=upload.ints(out_rows))
+            return plan
+        # Padding: tokens at position 0 writing to the scratch block; groups over scratch keys.
+        scratch, pad, extra = self.cache.scratch_row, bucket.tokens - row, bucket.groups - len(items)
+        spare += range(len(items) * q_max, bucket.tokens)
+        refs["index"] = upload.ints(
+            lists["pos"] + [0] * pad + lists["write"] + [scratch] * pad + q_gather + [0] * (extra * q_max)
+            + q_pos + [0] * (extra * q_max) + k_gather + [scratch] * (extra * kv_max) + out_rows + spare)
+        return plan
 
     def _native_batch(self, plan: ForwardPlan, upload: HostUpload, ids: torch.Tensor) -> Batch:
         r = plan.refs
         batch = Batch(ids, upload[r["pos"]], upload[r["write"]], upload[r["logit_rows"]])
         if plan.packed_shape is not None:
-            groups, q_max, kv_max = plan.packed_shape
-            key_pos = torch.arange(kv_max, device=self.device)
-            mask = key_pos[None, None, :] <= upload[r["q_pos"]].view(groups, q_max, 1)
-            batch.packed = PackedAttention(upload[r["q_gather"]], upload[r["k_gather"]], mask[:, None],
-                                           upload[r["out_rows"]], groups, q_max, kv_max)
+            shape = plan.packed_shape
+            batch.packed = packed_attention(upload[r["q_gather"]], upload[r["q_pos"]], upload[r["k_gather"]],
+                                            upload[r["out_rows"]], shape.groups, shape.q, shape.kv)
         else:
             gathers = [upload[ref] for ref in plan.gathers or []]
             batch.segments = [Segment(row, q_len, base, kv_len, self._causal(q_len, kv_len),

@@ -52,7 +52,7 @@ class Batch:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     write_index: torch.Tensor  # [T] flat cache rows (through each request's block table)
-    logit_rows: torch.Tensor  # rows whose logits are returned
+    logit_rows: torch.Tensor | None  # rows whose logits are returned (None: a bucketed forward's body)
     segments: list[Segment] | None = None
     packed: PackedAttention | None = None
 
@@ -147,11 +147,22 @@ class NativeLlama(torch.nn.Module):
     @torch.inference_mode()
     def forward(self, batch: Batch, cache: PagedKVCache) -> torch.Tensor:
         """Hidden states of ``batch.logit_rows`` after the final norm, projected to logits."""
+        if batch.logit_rows is None:
+            raise ValueError("a forward needs the rows whose logits it returns")
+        return self.head(self.hidden(batch, cache).index_select(0, batch.logit_rows))
+
+    def hidden(self, batch: Batch, cache: PagedKVCache) -> torch.Tensor:
+        """Every row's last hidden state (before the final norm); writes the batch's keys. The
+        part a CUDA graph captures (``decode_graphs``): fixed shapes in, no host reads."""
         x = F.embedding(batch.input_ids, self.embed)
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
         for i, layer in enumerate(self.layers):
             x = layer(x, batch, cos, sin, cache.keys[i], cache.values[i])
-        return self.lm_head(self.norm(x.index_select(0, batch.logit_rows))).float()
+        return x
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of hidden rows (row-wise: a row's logits do not depend on the others)."""
+        return self.lm_head(self.norm(x)).float()
 
 
 def _fused(linears: list[HFModule], quantize: Quantize) -> PreparedLinear:
