@@ -32,6 +32,9 @@ import pytest
 from server_helpers import REPO_ROOT, ServerProcess, free_port, wait_until
 from test_tool_calls import SCHEMAS, TOOLS
 
+# Installs LiteLLM from PyPI (a minute or more): outside the quick `-m "not slow"` subset.
+pytestmark = pytest.mark.slow
+
 # 1.106.2 was the first checked by hand; 1.108.8 to 1.110.2 (the newest, 2026-11-24) ask for proxy
 # packages PyPI does not have (litellm-enterprise 0.1.79.post2, litellm-proxy), and pip would download
 # a dozen 40 MB LiteLLM wheels backtracking to 1.108.7 before installing it.
