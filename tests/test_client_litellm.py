@@ -4,7 +4,7 @@ docs/using-with-clients.md says.
 LiteLLM is not in the test extra: it brings its own pins (1.106 required
 ``openai<3``, the proxy extra ~100 packages) that would change the environment every other test
 runs in. This module builds LiteLLM its own virtual environment instead (``litellm[proxy]`` from
-PyPI, about 70 s on a quiet 2-core machine with no pip cache) and runs the library calls there as a
+PyPI, 90-100 s on a busy 2-core machine with no pip cache) and runs the library calls there as a
 subprocess (tests/litellm_calls.py); the proxy runs from that environment on a free loopback port
 and the suite's own OpenAI SDK talks to it. Every answer is compared with the same request sent to
 the server directly (temperature 0 on the shared tiny server: the same tokens), so a client that
