@@ -1,8 +1,8 @@
 """LangChain's ``ChatOpenAI`` (langchain-openai) against the real server, configured exactly as
 docs/using-with-clients.md says: only ``base_url``, ``api_key`` and the served model name.
 
-LiteLLM is not here: it pins ``openai<3``, which would change the SDK every other test uses
-(see the docs page for how it was checked)."""
+LiteLLM is not in the test extra (its pins would change the SDK every other test uses):
+tests/test_client_litellm.py installs it into a virtual environment of its own."""
 
 from __future__ import annotations
 
