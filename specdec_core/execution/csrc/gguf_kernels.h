@@ -18,7 +18,7 @@
 #define X8_ROW_TILE 6 /* the same for the repacked kernels (fewer registers per row) */
 #endif
 #ifndef Q6K_ROW_TILE
-#define Q6K_ROW_TILE 4 /* rows per pass of the repacked Q6_K kernel (it splits larger tiles) */
+#define Q6K_ROW_TILE 6 /* rows per pass of the repacked Q6_K kernel (1..6; it splits larger tiles) */
 #endif
 
 /* GGML type ids (gguf.GGMLQuantizationType). */

@@ -23,8 +23,8 @@
 
 #include "gguf_kernels.h"
 
-#if Q6K_ROW_TILE < 1 || Q6K_ROW_TILE > 4
-#error "the Q6_K tiles are instantiated for 1..4 rows"
+#if Q6K_ROW_TILE < 1 || Q6K_ROW_TILE > 6
+#error "the Q6_K tiles are instantiated for 1..6 rows"
 #endif
 
 typedef struct {
@@ -90,7 +90,7 @@ INLINE __m256i dup_scales(__m128i s16) { return _mm256_set_m128i(_mm_unpackhi_ep
 INLINE void q6k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride, const int R, float *out,
                         size_t ldo, int ncols) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    __m256 acc[4];
+    __m256 acc[6];
     UNROLL
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -98,7 +98,7 @@ INLINE void q6k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t str
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->d));
         ROLLED
         for (int t = 0; t < 8; t++) { /* 32 values: sub-blocks 2t, 2t + 1 */
-            __m256i isum[4];
+            __m256i isum[6];
             UNROLL
             for (int h = 0; h < 2; h++) {
                 const int s = 2 * t + h;
@@ -154,12 +154,14 @@ X8_TILE(1)
 X8_TILE(2)
 X8_TILE(3)
 X8_TILE(4)
+X8_TILE(5)
+X8_TILE(6)
 
 /* Any number of rows of one 8-column group, Q6K_ROW_TILE at a time; `w` points at the group's
  * first super-block. */
 void sd_q6k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out, size_t ldo,
                     int ncols) {
-    static void (*const tiles[4])(X8_ARGS) = {q6k_x8_1, q6k_x8_2, q6k_x8_3, q6k_x8_4};
+    static void (*const tiles[6])(X8_ARGS) = {q6k_x8_1, q6k_x8_2, q6k_x8_3, q6k_x8_4, q6k_x8_5, q6k_x8_6};
     for (int r0 = 0; r0 < rows; r0 += Q6K_ROW_TILE) {
         const int n = rows - r0 < Q6K_ROW_TILE ? rows - r0 : Q6K_ROW_TILE;
         tiles[n - 1](w, nb, act + (size_t)r0 * stride, stride, out + (size_t)r0 * ldo, ldo, ncols);
