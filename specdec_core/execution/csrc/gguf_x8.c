@@ -86,6 +86,12 @@ static inline __attribute__((always_inline)) void q4k_x8_tile(const uint8_t *w, 
         const q4k_x8 *x = (const q4k_x8 *)w + b;
         const __m256 d = _mm256_loadu_ps(x->d), dmin = _mm256_loadu_ps(x->dmin);
         for (int s = 0; s < 8; s++) {
+            { /* an eighth of the super-block X8_PREFETCH super-blocks ahead (see the header) */
+                const char *pf = (const char *)(x + X8_PREFETCH) + 152 * s;
+                _mm_prefetch(pf, _MM_HINT_T0);
+                _mm_prefetch(pf + 64, _MM_HINT_T0);
+                _mm_prefetch(pf + 128, _MM_HINT_T0);
+            }
             const __m128i s16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)x->sc[s]));
             const __m256i scale = _mm256_set_m128i(_mm_unpackhi_epi16(s16, s16), _mm_unpacklo_epi16(s16, s16));
             __m256i acc16[6];

@@ -98,6 +98,13 @@ INLINE void q6k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t str
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->d));
         ROLLED
         for (int t = 0; t < 8; t++) { /* 32 values: sub-blocks 2t, 2t + 1 */
+            { /* an eighth of the super-block X8_PREFETCH super-blocks ahead (see the header) */
+                const char *pf = (const char *)(x + X8_PREFETCH) + 210 * t;
+                _mm_prefetch(pf, _MM_HINT_T0);
+                _mm_prefetch(pf + 64, _MM_HINT_T0);
+                _mm_prefetch(pf + 128, _MM_HINT_T0);
+                _mm_prefetch(pf + 192, _MM_HINT_T0);
+            }
             __m256i isum[6];
             UNROLL
             for (int h = 0; h < 2; h++) {
