@@ -151,7 +151,7 @@ def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype):
             assert torch.equal(run_repacked(qtype, blocks, x[start:start + m]), full[start:start + m]), (m, start)
     gguf_kernels.use_portable_kernels(True)  # a repacked weight is refused by the portable kernels
     with pytest.raises(ValueError):
-        gguf_kernels.gemm(int(T.Q4_K) | 0x100, torch.zeros(1216, dtype=torch.uint8), x[:1], torch.empty(1, 8))
+        gguf_kernels.gemm(int(T.Q4_K) | 0x100, torch.zeros(1184, dtype=torch.uint8), x[:1], torch.empty(1, 8))
     assert gguf_kernels.repack(int(qtype), torch.from_numpy(blocks), k) is None
     gguf_kernels.use_portable_kernels(False)
 
