@@ -9,10 +9,10 @@
  * first version, with d at the end, streamed from DRAM at half the speed):
  *   d[8]        the columns' fp16 super-block scales
  *   sc[16][8]   [sub-block][column] the int8 scales
- *   then per sub-block s (16 values), q[s]:
- *   ql[2][32]   [p][4 * column + i]: step j = 2p in the low nibble, j + 1 in the high one; step j
- *               holds values 16s + 4j + i
- *   qh[32]      [4 * column + i]: bits 2j, 2j+1 = the high 2 bits of step j's value
+ *   then per sub-block s (16 values), q[s].b[3][32]: [j][4 * column + i], step j (0..2) in
+ *               bits 0-5 (values 16s + 4j + i), and in bits 6-7 bits 2j, 2j+1 of step 3's value
+ *               (16s + 12 + i): steps 0-2 unpack with one AND each, step 3 with three shifts,
+ *               three ANDs and two ORs (ggml's ql/qh split took 17 operations for the four)
  * Per row and sub-block: two steps (unsigned 6-bit q times int8, |2 x 2 x 63 x 127| = 32004 <
  * 32767) are summed in int16, then one vpmaddwd applies the 8 columns' scales, exact in int32.
  * Per 32 values the -32 offset comes off exactly (32 sc times the activation's 16-value sums) and
@@ -30,7 +30,7 @@
 typedef struct {
     uint16_t d[8];
     int8_t sc[16][8];
-    struct { uint8_t ql[2][32], qh[32]; } q[16];
+    struct { uint8_t b[3][32]; } q[16];
 } q6k_x8;
 
 int64_t sd_gguf_x8_q6k_bytes(int64_t n, int64_t k) {
@@ -60,8 +60,11 @@ int sd_gguf_x8_q6k_pack(const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst) 
                 for (int s = 0; s < 16; s++) x->sc[s][c] = src->scales[s];
                 for (int e = 0; e < QK_K; e++) {
                     const int q = q6_value(src, e), s = e / 16, j = (e % 16) / 4, i = e % 4;
-                    x->q[s].ql[j / 2][4 * c + i] |= (uint8_t)((q & 0xF) << (4 * (j & 1)));
-                    x->q[s].qh[4 * c + i] |= (uint8_t)((q >> 4) << (2 * j));
+                    if (j < 3) {
+                        x->q[s].b[j][4 * c + i] |= (uint8_t)q;
+                    } else {
+                        for (int p = 0; p < 3; p++) x->q[s].b[p][4 * c + i] |= (uint8_t)(((q >> (2 * p)) & 3) << 6);
+                    }
                 }
             }
         }
@@ -89,7 +92,8 @@ INLINE __m256i dup_scales(__m128i s16) { return _mm256_set_m128i(_mm_unpackhi_ep
 
 INLINE void q6k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride, const int R, float *out,
                         size_t ldo, int ncols) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i m3f = _mm256_set1_epi8(0x3F), m03 = _mm256_set1_epi8(0x03), m0c = _mm256_set1_epi8(0x0C),
+                  m30 = _mm256_set1_epi8(0x30);
     __m256 acc[6];
     UNROLL
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
@@ -110,21 +114,20 @@ INLINE void q6k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t str
             for (int h = 0; h < 2; h++) {
                 const int s = 2 * t + h;
                 const __m256i scale = dup_scales(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)x->sc[s])));
-                const __m256i l0 = _mm256_loadu_si256((const __m256i *)x->q[s].ql[0]);
-                const __m256i qh = _mm256_loadu_si256((const __m256i *)x->q[s].qh);
-                const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
-                const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                                   _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+                const __m256i b0 = _mm256_loadu_si256((const __m256i *)x->q[s].b[0]);
+                const __m256i b1 = _mm256_loadu_si256((const __m256i *)x->q[s].b[1]);
+                const __m256i q0 = _mm256_and_si256(b0, m3f), q1 = _mm256_and_si256(b1, m3f);
                 UNROLL
                 for (int r = 0; r < R; r++) {
                     const int8_t *aq = ACT(r)->qs + 16 * s;
                     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(q0, bcast4(aq)), _mm256_maddubs_epi16(q1, bcast4(aq + 4)));
                     isum[r] = h ? _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, scale)) : _mm256_madd_epi16(p, scale);
                 }
-                const __m256i l1 = _mm256_loadu_si256((const __m256i *)x->q[s].ql[1]);
-                const __m256i q2 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(qh, m30));
-                const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                                   _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
+                const __m256i b2 = _mm256_loadu_si256((const __m256i *)x->q[s].b[2]);
+                const __m256i q2 = _mm256_and_si256(b2, m3f);
+                const __m256i q3 = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b0, 6), m03),
+                                                                   _mm256_and_si256(_mm256_srli_epi16(b1, 4), m0c)),
+                                                   _mm256_and_si256(_mm256_srli_epi16(b2, 2), m30));
                 UNROLL
                 for (int r = 0; r < R; r++) {
                     const int8_t *aq = ACT(r)->qs + 16 * s + 8;
