@@ -59,7 +59,9 @@ def layer_bench(repeats: int) -> float:
     for qtype in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K):
         block, size = GGML_QUANT_SIZES[qtype]
         raw = rng.integers(0, 256, size=(n, k // block, size), dtype=np.uint8)
-        raw[..., (208 if qtype == GGMLQuantizationType.Q6_K else 0):][..., :2] = 0x10  # small fp16 scales
+        # small positive fp16 scales (Q6_K: d; Q4_K: d and dmin): random ones can be inf or NaN
+        scales = slice(208, 210) if qtype == GGMLQuantizationType.Q6_K else slice(0, 4)
+        raw[..., scales] = 0x10
         weight = BlockWeight(int(qtype), torch.from_numpy(raw.reshape(n, -1)), k)
         copies[qtype.name] = [GGUFLinear([weight], None) for _ in range(-(-(96 << 20) // raw.size))]
         nbytes[qtype.name] = raw.size

@@ -102,6 +102,28 @@ def test_rows_bit_identical_alone_and_batched(qtype, impl):
             assert torch.equal(run(qtype, blocks, x[start:start + m]), full[start:start + m]), (m, start)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+def test_every_row_count_gives_each_row_the_bits_it_gets_alone(qtype, impl):
+    """The layer as the runner builds it (repacked where the active kernels repack): each row of
+    an M-row call, M in 1..17 (tiles of several rows plus a remainder), equals that row alone,
+    on 1 and 2 threads; 37 outputs leave a partial last group of 8 columns."""
+    gguf_kernels.use_portable_kernels(impl == "portable")
+    n, k = 37, 512
+    layer = GGUFLinear([BlockWeight(int(qtype), torch.from_numpy(blocks_for(qtype, n, k, seed=11)), k)], None)
+    x = activations(17, k, seed=12)
+    alone = torch.cat([layer(x[r:r + 1]) for r in range(17)])
+    for m in (2, 3, 5, 8, 16, 17):
+        for start in sorted({0, 17 - m}):
+            assert torch.equal(layer(x[start:start + m]), alone[start:start + m]), (m, start)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(layer(x), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run_repacked(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tensor, threads: int = 2) -> torch.Tensor:
     packed = gguf_kernels.repack(int(qtype), torch.from_numpy(np.ascontiguousarray(blocks)), x.shape[1])
     assert packed is not None
@@ -110,7 +132,7 @@ def run_repacked(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tenso
     return out
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q4_0, T.Q5_0, T.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0], ids=lambda t: t.name)
 def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype):
     """Formats repacked 8 output rows at a time (AVX2 only): same checks as the file's layout, with
     a last group of 5 rows (37 = 4 x 8 + 5)."""
@@ -129,7 +151,7 @@ def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype):
             assert torch.equal(run_repacked(qtype, blocks, x[start:start + m]), full[start:start + m]), (m, start)
     gguf_kernels.use_portable_kernels(True)  # a repacked weight is refused by the portable kernels
     with pytest.raises(ValueError):
-        gguf_kernels.gemm(int(T.Q4_K) | 0x100, torch.zeros(1216, dtype=torch.uint8), x[:1], torch.empty(1, 8))
+        gguf_kernels.gemm(int(T.Q4_K) | 0x100, torch.zeros(1184, dtype=torch.uint8), x[:1], torch.empty(1, 8))
     assert gguf_kernels.repack(int(qtype), torch.from_numpy(blocks), k) is None
     gguf_kernels.use_portable_kernels(False)
 

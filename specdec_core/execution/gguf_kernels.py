@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("gguf_gemm.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c")
+SOURCES = ("gguf_gemm.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c", "gguf_x8_q6k.c")
 HEADERS = ("gguf_kernels.h",)
 CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 CSRC = Path(__file__).with_name("csrc")
@@ -154,7 +154,7 @@ def use_portable_kernels(portable: bool) -> str:
 def repack(ggml_type: int, blocks: torch.Tensor, in_features: int) -> tuple[int, torch.Tensor] | None:
     """The layout the active kernels multiply fastest, when it is not the file's own: (the type
     code to pass to ``gemm``, the repacked bytes); None to use ``blocks`` as they are. On AVX2,
-    Q4_K, Q4_0, Q5_0 and Q8_0 are repacked 8 output rows at a time (``csrc/gguf_x8*.c``)."""
+    Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0 are repacked 8 output rows at a time (``csrc/gguf_x8*.c``)."""
     lib = library()
     code = lib.sd_gguf_x8_type(ggml_type)
     n = blocks.shape[0]

@@ -226,17 +226,19 @@ static int run_job(job_t *j) {
  * or 0 when it multiplies the file's own layout only. */
 int sd_gguf_x8_type(int type) {
     if (use_scalar < 0) use_scalar = detect_scalar();
-    const int repacked = type == T_Q4_K || type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0;
+    const int repacked = type == T_Q4_K || type == T_Q6_K || type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0;
     return !use_scalar && repacked ? (SD_X8 | type) : 0;
 }
 
 /* Bytes of the repacked layout of n rows of k values (0: none for this type and k). */
 int64_t sd_gguf_x8_size(int type, int64_t n, int64_t k) {
-    return type == T_Q4_K ? sd_gguf_x8_bytes(type, n, k) : sd_gguf_x8_32_bytes(type, n, k);
+    return type == T_Q4_K ? sd_gguf_x8_bytes(type, n, k)
+         : type == T_Q6_K ? sd_gguf_x8_q6k_bytes(n, k) : sd_gguf_x8_32_bytes(type, n, k);
 }
 
 int sd_gguf_x8_repack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst) {
-    return type == T_Q4_K ? sd_gguf_x8_pack(type, raw, n, k, dst) : sd_gguf_x8_32_pack(type, raw, n, k, dst);
+    return type == T_Q4_K ? sd_gguf_x8_pack(type, raw, n, k, dst)
+         : type == T_Q6_K ? sd_gguf_x8_q6k_pack(raw, n, k, dst) : sd_gguf_x8_32_pack(type, raw, n, k, dst);
 }
 
 /* out[r * ldo + c] for r < m, c < n; w in the file's layout, or repacked when type has SD_X8.
@@ -248,7 +250,7 @@ int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *
         if (sd_gguf_x8_type(type & 0xff) != type || !sd_gguf_x8_size(type & 0xff, n, k)) return -EINVAL;
         type &= 0xff;
 #if defined(__x86_64__) || defined(__i386__)
-        group = type == T_Q4_K ? sd_q4k_x8_tile : sd_x8_32_tile(type);
+        group = type == T_Q4_K ? sd_q4k_x8_tile : type == T_Q6_K ? sd_q6k_x8_tile : sd_x8_32_tile(type);
 #endif
     }
     const int64_t row_bytes = sd_gguf_row_bytes(type, k);

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Two builds of the GGUF block kernels A/B in one process: the working tree's against a git
+revision's, calls alternating, on every layer shape of the default target (Qwen2.5-Coder-1.5B
+Q4_K_M: its Q4_K and Q6_K matrices), M = 1, 5, 16 rows.
+
+The machine this was written on is shared, so only ratios within one run mean anything. Each
+call uses the next of several copies of the weights (>= 80 MB in all), so they come from DRAM as
+in a model step. Prints median (min) ms per call, B/A, and B's GB/s of weight bytes.
+
+    python clients/gguf_kernel_ab.py --base main --threads 1
+    python clients/gguf_kernel_ab.py --base HEAD~2 --types Q6_K --repeats 31
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CSRC = "specdec_core/execution/csrc"
+# (label, GGML type name, out_features, in_features)
+SHAPES = [("q/o 1536x1536", "Q4_K", 1536, 1536), ("k/v 256x1536", "Q4_K", 256, 1536),
+          ("v 256x1536", "Q6_K", 256, 1536), ("gate/up 8960x1536", "Q4_K", 8960, 1536),
+          ("down 1536x8960", "Q4_K", 1536, 8960), ("down 1536x8960", "Q6_K", 1536, 8960),
+          ("head 151936x1536", "Q6_K", 151936, 1536)]
+
+
+def build(rev: str | None, out: Path) -> Path:
+    """Compile the kernels of git revision ``rev`` (None: the working tree) into ``out``."""
+    sys.path.insert(0, str(ROOT))
+    from specdec_core.execution.gguf_kernels import CFLAGS
+
+    src = ROOT / CSRC
+    if rev is not None:
+        src = out / f"src-{rev.replace('/', '_')}"
+        src.mkdir()
+        names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:{CSRC}"],
+                               check=True, capture_output=True, text=True).stdout.split()
+        for name in names:
+            blob = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{CSRC}/{name}"], check=True, capture_output=True)
+            (src / name).write_bytes(blob.stdout)
+    lib = out / f"lib-{'worktree' if rev is None else rev.replace('/', '_')}.so"
+    sources = [str(p) for p in sorted(src.glob("gguf_*.c")) if p.name != "gguf_module.c"]
+    subprocess.run(["cc", *CFLAGS, "-o", str(lib), *sources, "-lm"], check=True)
+    return lib
+
+
+def bind(path: Path) -> ctypes.CDLL:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib = ctypes.CDLL(str(path))
+    lib.sd_gguf_gemm.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_int]
+    lib.sd_gguf_x8_type.argtypes = [ctypes.c_int]
+    lib.sd_gguf_x8_size.argtypes = [ctypes.c_int, i64, i64]
+    lib.sd_gguf_x8_size.restype = i64
+    lib.sd_gguf_x8_repack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
+    lib.sd_gguf_set_impl(0)
+    return lib
+
+
+def prepare(lib: ctypes.CDLL, qtype: int, raw, n: int, k: int):
+    """(type code, bytes) in the layout this build multiplies (repacked where it repacks)."""
+    import torch
+
+    code = lib.sd_gguf_x8_type(qtype)
+    size = lib.sd_gguf_x8_size(qtype, n, k) if code else 0
+    if not size:
+        return qtype, raw
+    packed = torch.empty(size, dtype=torch.uint8)
+    if lib.sd_gguf_x8_repack(qtype, raw.data_ptr(), n, k, packed.data_ptr()) != 0:
+        raise RuntimeError("repack failed")
+    return code, packed
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", default="HEAD", help="git revision for A (B is the working tree)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=21)
+    p.add_argument("--types", default="Q4_K,Q6_K", help="comma list of the GGML types to time")
+    args = p.parse_args(argv)
+    import numpy as np
+    import torch
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    with tempfile.TemporaryDirectory() as tmp:
+        libs = {"A": bind(build(args.base, Path(tmp))), "B": bind(build(None, Path(tmp)))}
+    rng = np.random.default_rng(0)
+    print(f"A = {args.base}, B = working tree; {args.threads} thread(s), {args.repeats} calls each; ms median (min)")
+    print("| shape | type | M | A | B | B/A | B GB/s |\n|---|---|---|---|---|---|---|")
+    for label, type_name, n, k in SHAPES:
+        if type_name not in args.types.split(","):
+            continue
+        qtype = GGMLQuantizationType[type_name]
+        block, size = GGML_QUANT_SIZES[qtype]
+        nbytes = n * (k // block) * size
+        raws = []
+        for _ in range(max(1, -(-(80 << 20) // nbytes))):
+            raw = rng.integers(0, 256, size=(n, k // block, size), dtype=np.uint8)
+            # small positive fp16 scales (Q6_K: d; Q4_K: d and dmin): random ones can be inf or NaN
+            scales = slice(208, 210) if type_name == "Q6_K" else slice(0, 4)
+            raw[..., scales] = 0x10
+            raws.append(torch.from_numpy(raw.reshape(n, -1)))
+        weights = {name: [prepare(lib, int(qtype), r, n, k) for r in raws] for name, lib in libs.items()}
+        del raws
+        for m in (1, 5, 16):
+            x = torch.randn(m, k)
+            outs = {name: torch.empty(m, n) for name in libs}
+            times: dict[str, list[float]] = {name: [] for name in libs}
+            for it in range(args.repeats + 1):  # the first round warms up
+                for name, lib in libs.items():
+                    code, data = weights[name][it % len(weights[name])]
+                    t0 = time.perf_counter()
+                    rc = lib.sd_gguf_gemm(code, data.data_ptr(), n, k, x.data_ptr(), m, k, outs[name].data_ptr(), n,
+                                          args.threads)
+                    if it:
+                        times[name].append((time.perf_counter() - t0) * 1e3)
+                    if rc != 0:
+                        raise RuntimeError(f"{name}: rc {rc}")
+            same = "" if torch.equal(outs["A"], outs["B"]) else " (results differ)"
+            a, b = (statistics.median(times[s]) for s in "AB")
+            print(f"| {label}{same} | {type_name} | {m} | {a:.3f} ({min(times['A']):.3f}) | {b:.3f} ({min(times['B']):.3f}) "
+                  f"| {b / a:.2f} | {nbytes / b / 1e6:.1f} |", flush=True)
+        del weights
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
