@@ -132,3 +132,40 @@ def test_usage_reports_the_cached_prompt_tokens_as_openai_does(small_chunks):
                      {"role": "user", "content": "And def mul(a, b): return a + b"}]
     follow = client.chat.completions.create(model="tiny", messages=longer, max_tokens=8, temperature=0)
     assert follow.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 16
+
+
+def test_a_prefix_shorter_than_a_chunk_is_reused_block_by_block(pair):
+    """13 shared tokens are less than two chunks of 8 but three blocks of 4: the cache serves 12,
+    and the answer is still the recompute's (greedy and seeded, int8)."""
+    first, _ = prompts(3)
+    second = first[:13] + [5, 6, 7, 8, 9]
+    for params in (SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+                   SamplingParams(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True)):
+        want = run_one(engine(pair, caching=False), second, params).output_ids
+        warm = engine(pair, caching=True)
+        run_one(warm, first, params)
+        got = run_one(warm, second, params)
+        assert got.stats.cached_tokens == 12 and got.output_ids == want
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_a_prompt_block_has_the_same_rows_however_the_prompt_is_chunked(tiny_target, quantize):
+    """What lets the cache share any full block: a prompt computed in one forward, in chunks cut
+    at other block boundaries, or after a cached prefix gives every row the same logits, bit for
+    bit (each block attends as its own segment)."""
+    import torch
+    from conftest import TEST_BLOCK, region, slot_runner
+
+    from specdec_core.execution.model_runner import ForwardItem
+
+    model = load(tiny_target).model
+    rng = random.Random(5)
+    # 600 tokens: attention's own blocking (64-row query and 512-key blocks) differs between these
+    # cuts, so one call per chunk would give some rows other bits (checked: this test then fails)
+    prompt = [rng.randrange(3, 40000) for _ in range(600)]
+    runs = []
+    for cuts in ([0, 600], [0, 208, 512, 600], [0, TEST_BLOCK, 592, 600]):
+        runner = slot_runner(model, 1, 640, vocab_size=model.config.vocab_size, quantize=quantize)
+        rows = [runner.forward([ForwardItem(region(0, 640), a, prompt[a:b], b - a)]) for a, b in zip(cuts, cuts[1:])]
+        runs.append(torch.cat(rows))
+    assert all(torch.equal(runs[0], other) for other in runs[1:])

@@ -116,10 +116,11 @@ class EngineConfig:
     # vLLM's --max-num-batched-tokens, a budget for all tokens of a step: hence another name.)
     prefill_chunk_size: int = field(default=512, metadata=_flag(
         "prompt tokens prefilled per engine step (long prompts are prefilled in chunks of this size)", minimum=1))
-    # Full prompt chunks stay in a finished request's slot until it is reused; a request whose
-    # prompt starts with them skips their prefill (bit-identical logits: see prefix_cache.py).
+    # Full prompt blocks stay in the pool after their request finishes until they are handed out
+    # again; a request whose prompt starts with them skips their prefill (bit-identical logits:
+    # see prefix_cache.py).
     enable_prefix_caching: bool = field(default=True, metadata=_flag(
-        "reuse the cached keys/values of earlier prompts' full prefill chunks for a prompt that starts with "
+        "reuse the cached keys/values of earlier prompts' full KV blocks for a prompt that starts with "
         "them (chat histories, agents resending files); the logits are those of a recompute"))
     ngram_min: int = field(default=1, metadata=_flag(
         "shortest suffix --speculative-method ngram looks up in the request's tokens", group="models", minimum=1))
@@ -155,7 +156,7 @@ class EngineConfig:
             self.block_size = math.gcd(DEFAULT_BLOCK_SIZE, self.prefill_chunk_size)
         if self.block_size < 1 or self.prefill_chunk_size % self.block_size:
             raise ValueError(f"--prefill-chunk-size ({self.prefill_chunk_size}) must be a multiple of --block-size "
-                             f"({self.block_size}): cached prompt chunks are whole blocks")
+                             f"({self.block_size}): prompt chunks end on block boundaries")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if not 1 <= self.ngram_min <= self.ngram_max:

@@ -1,25 +1,25 @@
 """Prompt prefixes already in the KV cache, so a request that repeats one skips its prefill.
 
 Chat apps resend the whole history every turn and agents resend the same files: the first
-prompt chunks of a new request are often the first chunks of an earlier one. A request's blocks
+prompt blocks of a new request are often the first blocks of an earlier one. A request's blocks
 keep their keys and values after it finishes, until the pool hands them out again; this index
-remembers which blocks hold which prompt chunk. A new request takes a cached chunk's blocks
-where they lie when they are free, and gets a copy of them when their request still runs (a
-memory copy instead of a forward). Blocks are never shared between running requests: every
-block has one writer, so a request's draft catch-up or decoding can never touch another's rows.
+remembers which blocks hold which prompt prefix. A new request takes a cached block where it
+lies when it is free, and gets a copy of it when its request still runs (a memory copy instead
+of a forward). Blocks are never shared between running requests: every block has one writer, so
+a request's draft catch-up or decoding can never touch another's rows.
 
-Granularity is the prefill chunk (``prefill_chunk_size``, a multiple of the block size): prompts
-are prefilled in chunks at fixed offsets (0, C, 2C, ...), and a chunk's keys and values depend
-only on the tokens up to its end. So the rows of every *full* prompt chunk are exactly the rows a
-recompute would produce, bit for bit on the CPU, and a request that reuses them and prefills the
-rest in the same chunks gets the logits it would get without the cache. (A partial chunk would
+Granularity is the KV block (the scheduler builds this index with ``chunk`` = the block size):
+the forward computes a prompt block by block, each block's rows attending to the keys up to the
+block's end (``ModelRunner._segments``), so the rows of every *full* prompt block are exactly the
+rows a recompute would produce, bit for bit on the CPU, however either prompt was chunked, and a
+request that reuses them gets the logits it would get without the cache. (A partial block would
 not do: measured here, an attention call's rows change in the last bits with the rows computed
 beside them.) Rows the decoding wrote are never shared, for the same reason.
 
-A chunk is keyed by a hash chain over the prompt up to its end (vLLM's block hashes, at chunk
-size), so one lookup per chunk finds the longest cached prefix. The draft model's rows of a chunk
-live in the same blocks of its own pool; they count only once the holder's draft has computed
-them (``ChunkHit.draft``).
+A unit is keyed by a hash chain over the prompt up to its end (vLLM's block hashes), so one
+lookup per unit finds the longest cached prefix. The draft model's rows of a unit live in the
+same blocks of its own pool; they count only once the holder's draft has computed them
+(``ChunkHit.draft``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class ChunkHit:
 
 
 class PrefixCache:
-    """Which blocks hold which full prompt chunks (one owner: the scheduler)."""
+    """Which blocks hold which full prompt units of ``chunk`` tokens (one owner: the scheduler)."""
 
     def __init__(self, chunk: int, block_size: int) -> None:
         if chunk % block_size:

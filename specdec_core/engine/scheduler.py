@@ -10,10 +10,10 @@ its blocks go back to the pool and it waits at the head of the queue, to be reco
 tokens (vLLM's recompute preemption). The oldest request can always take every block, and the
 pool holds at least one full-length request (checked at start-up), so every request finishes.
 
-Prompts are cut at fixed offsets (0, C, 2C, ...) and a chunk is scheduled whole or not at all:
-how a prompt is chunked, and so the arithmetic of its prefill, never depends on what else is
-running. Together with the batch-invariant forward this keeps a request's logits independent of
-the batch, and it makes every full prompt chunk in the cache reusable by a later request with the
+Prompts are cut at fixed offsets (0, C, 2C, ...) and a chunk is scheduled whole or not at all,
+so how much is prefilled per step never depends on what else is running. The forward computes a
+prompt block by block (``ModelRunner._segments``), so a full block's rows are the same however the
+prompt was chunked: every full prompt block in the cache is reusable by a later request with the
 same prefix (``PrefixCache``): admission hands such a request the blocks that hold it, or a copy.
 """
 
@@ -37,7 +37,7 @@ class Scheduler:
         self.block_size = block_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.prefix = PrefixCache(prefill_chunk, block_size) if prefix_caching else None
+        self.prefix = PrefixCache(block_size, block_size) if prefix_caching else None
         self.num_preemptions = 0
 
     def add(self, req: Request) -> None:
@@ -78,8 +78,8 @@ class Scheduler:
     def _admit(self, req: Request, step: ScheduledStep) -> bool:
         """Give ``req`` the blocks of its known tokens (and a step's drafts), if the pool has them
         with one to spare per running request (so that admitting it does not at once preempt
-        it again). Cached prompt chunks come first: their free blocks are taken where they lie,
-        the chunks of running requests are copied. A seeded sampled request takes no draft rows
+        it again). Cached prompt blocks come first: free ones are taken where they lie, those
+        of running requests are copied. A seeded sampled request takes no draft rows
         from the cache: the last bits of its draft's distributions, and so its draws, must not
         depend on what ran before it."""
         need = blocks_for(req.num_tokens + req.max_spec_tokens, self.block_size)
@@ -104,8 +104,8 @@ class Scheduler:
             table += new
         table += self._allocate(need - len(table), table)
         req.blocks = table
-        cached = len(hits) * self.prefill_chunk
-        drafted = next((i for i, h in enumerate(hits) if not h.draft), len(hits)) * self.prefill_chunk
+        cached = len(hits) * self.block_size
+        drafted = next((i for i, h in enumerate(hits) if not h.draft), len(hits)) * self.block_size
         req.num_computed = req.stats.cached_tokens = cached
         req.draft_computed = 0 if req.seeded else drafted
         step.cached_tokens += cached
@@ -147,7 +147,7 @@ class Scheduler:
         req.recorded_chunks = (0, 0)
 
     def record_cached(self, req: Request) -> None:
-        """After a step: the request's full prompt chunks now in the cache become reusable."""
+        """After a step: the request's full prompt blocks now in the cache become reusable."""
         if self.prefix is not None and req.blocks:
             req.recorded_chunks = self.prefix.record(req.blocks, req.prompt_ids, req.num_computed,
                                                      req.draft_computed, req.recorded_chunks)

@@ -187,9 +187,12 @@ class ModelRunner:
         return self._plan_packed_attention(items, upload)
 
     def _segments(self, items: list[ForwardItem], upload: HostUpload) -> tuple[list[tuple[int, int, int, int, int]], list[Ref]]:
-        """A request's known tokens form one attention segment and every draft one of its own:
-        a draft is scored by exactly the call that would score it if it were decoded alone. A
-        request whose blocks are not one run gets its rows gathered (once per layer)."""
+        """A request's known tokens are cut into attention segments at absolute block
+        boundaries (a block's rows over the keys up to the block's end), and every draft is a
+        segment of its own: a draft is scored by exactly the call that would score it if it were
+        decoded alone, and a full block of a prompt gets the same rows however the prompt was
+        chunked or how much of it came from the prefix cache (which can so reuse any full
+        block). A request whose blocks are not one run gets its rows gathered (once per layer)."""
         segments: list[tuple[int, int, int, int, int]] = []
         gathers: list[Ref] = []
         row, bs = 0, self.cache.block_size
@@ -199,10 +202,15 @@ class ModelRunner:
             if base is None:
                 base, group = 0, len(gathers)
                 gathers.append(upload.ints(token_rows(it.blocks, bs, 0, end)))
-            known = len(it.tokens) - it.num_drafts
-            segments.append((row, known, base, it.start + known, group))
-            segments += [(row + known + j, 1, base, it.start + known + j + 1, group) for j in range(it.num_drafts)]
-            row += len(it.tokens)
+            known_end = end - it.num_drafts
+            pos = it.start
+            while pos < known_end:
+                stop = min(known_end, (pos // bs + 1) * bs)
+                segments.append((row + pos - it.start, stop - pos, base, stop, group))
+                pos = stop
+            row += known_end - it.start
+            segments += [(row + j, 1, base, known_end + j + 1, group) for j in range(it.num_drafts)]
+            row += it.num_drafts
         return segments, gathers
 
     def _plan_packed_attention(self, items: list[ForwardItem], upload: HostUpload) -> ForwardPlan:
