@@ -86,7 +86,7 @@ class EngineConfig:
     # "segments" keeps every row bit-identical alone and batched (the CPU's promise); "packed" is
     # one attention call per layer for the whole step (what a launch-bound GPU needs).
     attention: Literal["auto", "segments", "packed"] = field(default="auto", metadata=_flag(
-        "attention layout of the Llama-family forward: segments (one call per request's known tokens and per "
+        "attention layout of the Llama-family forward: segments (one call per KV block of a request's known tokens and per "
         "draft; rows bit-identical alone and batched), packed (one call per layer for the whole step; rows equal "
         "up to rounding), auto = segments on CPU, packed on CUDA"))
     # On a GPU a decode step is bound by kernel launches: replaying a captured graph costs one.

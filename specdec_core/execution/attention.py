@@ -1,7 +1,8 @@
 """Attention over the requests' own cached keys, in the two layouts a forward can take.
 
 - **Segments** (the CPU default): one call per *attention segment*: the known tokens a request
-  feeds in a step (its prompt chunk, or its last token) form one segment and every draft token a
+  feeds in a step (its last token, or a prompt chunk) form one segment per KV block they fall in
+  (so a prompt block's rows never depend on how the prompt was chunked) and every draft token a
   segment of its own, each reading exactly its request's keys ``[0, position]`` (a slice of the
   cache where the request's blocks are consecutive, else rows gathered once per request and
   layer: the same values in the same shapes either way). A segment's

@@ -29,8 +29,8 @@ from specdec_core.execution.kv_cache import PackedLayout, PagedKVCache, contiguo
 from specdec_core.execution.linear_kernels import Quantize, prepare_linears
 from specdec_core.execution.native_llama import Batch, NativeLlama, supports_native
 
-# How the native path attends (``attention``): "segments" (one call per request's known tokens
-# and one per draft: rows bit-identical alone and batched; the CPU default), "packed" (one call
+# How the native path attends (``attention``): "segments" (one call per block of a request's known
+# tokens and one per draft: rows bit-identical alone and batched; the CPU default), "packed" (one call
 # per layer for the whole forward: the launch-bound CUDA default), "auto" picks by device.
 Attention = Literal["auto", "segments", "packed"]
 
