@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 SOURCES = ("gguf_gemm.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c", "gguf_x8_q6k.c")
-HEADERS = ("gguf_kernels.h",)
+HEADERS = ("gguf_kernels.h", "gguf_x8_common.h")
 CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 CSRC = Path(__file__).with_name("csrc")
 

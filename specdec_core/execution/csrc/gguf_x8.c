@@ -68,13 +68,7 @@ int sd_gguf_x8_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t 
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
-#define UNROLL _Pragma("GCC unroll 8")
-
-static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
+#include "gguf_x8_common.h"
 
 static inline __attribute__((always_inline)) void q4k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride,
                                                               const int R, float *out, size_t ldo, int ncols) {
@@ -129,19 +123,9 @@ static inline __attribute__((always_inline)) void q4k_x8_tile(const uint8_t *w, 
             acc[r] = _mm256_fnmadd_ps(msum, dmin, acc[r]);
         }
     }
-    UNROLL
-    for (int r = 0; r < R; r++) {
-        if (ncols == 8) {
-            _mm256_storeu_ps(out + r * ldo, acc[r]);
-        } else {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, acc[r]);
-            memcpy(out + r * ldo, tmp, (size_t)ncols * sizeof(float));
-        }
-    }
+    x8_store(acc, R, out, ldo, ncols);
 }
 
-#define X8_ARGS const uint8_t *w, int nb, const uint8_t *act, size_t stride, float *out, size_t ldo, int ncols
 #define X8_TILE(R) static void q4k_x8_##R(X8_ARGS) { q4k_x8_tile(w, nb, act, stride, R, out, ldo, ncols); }
 X8_TILE(1)
 X8_TILE(2)

@@ -74,14 +74,9 @@ int sd_gguf_x8_32_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
-#define UNROLL _Pragma("GCC unroll 8")
-#define ROLLED _Pragma("GCC unroll 1") /* unrolled, gcc computes every product first and spills them */
+#include "gguf_x8_common.h"
 
-static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
+#define ROLLED _Pragma("GCC unroll 1") /* unrolled, gcc computes every product first and spills them */
 
 static inline __attribute__((always_inline)) void x8_32_tile(const int type, const uint8_t *w, int nb, const uint8_t *act,
                                                              size_t stride, const int R, float *out, size_t ldo, int ncols) {
@@ -147,19 +142,9 @@ static inline __attribute__((always_inline)) void x8_32_tile(const int type, con
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d, _mm256_set1_ps(a->d)), acc[r]);
         }
     }
-    UNROLL
-    for (int r = 0; r < R; r++) {
-        if (ncols == 8) {
-            _mm256_storeu_ps(out + r * ldo, acc[r]);
-        } else {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, acc[r]);
-            memcpy(out + r * ldo, tmp, (size_t)ncols * sizeof(float));
-        }
-    }
+    x8_store(acc, R, out, ldo, ncols);
 }
 
-#define X8_ARGS const uint8_t *w, int nb, const uint8_t *act, size_t stride, float *out, size_t ldo, int ncols
 #define X8_TILES(name, type)                                                                                  \
     static void name##_1(X8_ARGS) { x8_32_tile(type, w, nb, act, stride, 1, out, ldo, ncols); }              \
     static void name##_2(X8_ARGS) { x8_32_tile(type, w, nb, act, stride, 2, out, ldo, ncols); }              \

@@ -76,16 +76,10 @@ int sd_gguf_x8_q6k_pack(const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst) 
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
-#define INLINE static inline __attribute__((always_inline))
-#define UNROLL _Pragma("GCC unroll 8")
+#include "gguf_x8_common.h"
+
 #define ROLLED _Pragma("GCC unroll 1") /* unrolled, gcc hoists every product and spills them */
 #define ACT(r) ((const act_k *)(act + (size_t)(r) * stride) + b)
-
-INLINE __m256i bcast4(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
 
 /* int8 scales of 8 columns -> int16, each twice (lanes 2c, 2c+1: vpmaddubsw's pairs of column c) */
 INLINE __m256i dup_scales(__m128i s16) { return _mm256_set_m128i(_mm_unpackhi_epi16(s16, s16), _mm_unpacklo_epi16(s16, s16)); }
@@ -146,19 +140,9 @@ INLINE void q6k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t str
             }
         }
     }
-    UNROLL
-    for (int r = 0; r < R; r++) {
-        if (ncols == 8) {
-            _mm256_storeu_ps(out + r * ldo, acc[r]);
-        } else {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, acc[r]);
-            memcpy(out + r * ldo, tmp, (size_t)ncols * sizeof(float));
-        }
-    }
+    x8_store(acc, R, out, ldo, ncols);
 }
 
-#define X8_ARGS const uint8_t *w, int nb, const uint8_t *act, size_t stride, float *out, size_t ldo, int ncols
 #define X8_TILE(R) static void q6k_x8_##R(X8_ARGS) { q6k_x8_tile(w, nb, act, stride, R, out, ldo, ncols); }
 X8_TILE(1)
 X8_TILE(2)
