@@ -36,7 +36,7 @@ log = logging.getLogger("specdec.engine")
 
 MIN_KV_BUCKET = 64
 # The index arrays of a bucketed forward, in the order the planner uploads them and the static
-# buffer holds them: (name, length in units of tokens / query slots / key slots).
+# buffer holds them (their lengths: ``Bucket.field_lengths``).
 INDEX_FIELDS = ("pos", "write", "q_gather", "q_pos", "k_gather", "out_rows")
 
 
@@ -68,9 +68,14 @@ class Bucket:
     def tokens(self) -> int:
         return self.groups * self.q
 
+    def field_lengths(self) -> list[int]:
+        """Lengths of the ``INDEX_FIELDS``: per token, per query slot (a token's too) or per key."""
+        t = self.tokens
+        return [t, t, t, t, self.groups * self.kv, t]
+
     def index_length(self) -> int:
         """Length of the concatenated ``INDEX_FIELDS``."""
-        return 2 * self.tokens + 2 * self.groups * self.q + self.groups * self.kv + self.tokens
+        return sum(self.field_lengths())
 
 
 class _Static:
@@ -78,14 +83,13 @@ class _Static:
     block) and, on CUDA, its graph and output."""
 
     def __init__(self, bucket: Bucket, scratch_row: int, device: torch.device) -> None:
-        t, slots, keys = bucket.tokens, bucket.groups * bucket.q, bucket.groups * bucket.kv
+        t = bucket.tokens
         self.ids = torch.zeros(t, dtype=torch.long, device=device)
         self.index = torch.zeros(bucket.index_length(), dtype=torch.long, device=device)
-        views = self.index.split([t, t, slots, slots, keys, t])
-        self.fields = dict(zip(INDEX_FIELDS, views))
+        self.fields = dict(zip(INDEX_FIELDS, self.index.split(bucket.field_lengths())))
         self.fields["write"].fill_(scratch_row)
         self.fields["k_gather"].fill_(scratch_row)
-        self.fields["q_gather"].copy_(torch.arange(slots, device=device))
+        self.fields["q_gather"].copy_(torch.arange(t, device=device))
         self.fields["out_rows"].copy_(torch.arange(t, device=device))
         self.graph: torch.cuda.CUDAGraph | None = None
         self.hidden: torch.Tensor | None = None
@@ -94,11 +98,10 @@ class _Static:
 class DecodeGraphs:
     """The bucketed forwards of one model: buckets, static buffers and (on CUDA) their graphs."""
 
-    def __init__(self, native: NativeLlama, cache: PagedKVCache, max_batch: int, max_q: int, max_len: int,
-                 capture: bool) -> None:
+    def __init__(self, native: NativeLlama, cache: PagedKVCache, max_batch: int, max_q: int, capture: bool) -> None:
         self.native, self.cache = native, cache
         self.batches = batch_buckets(max_batch)
-        self.max_q, self.max_len = max_q, max_len
+        self.max_q = max_q
         self.capture = capture
         self._static: dict[Bucket, _Static] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None

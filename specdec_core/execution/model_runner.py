@@ -109,8 +109,7 @@ class ModelRunner:
             detach_block_weights(model)
         self.graphs: DecodeGraphs | None = None
         if graphs is not None and self.native is not None and self.attention == "packed":
-            self.graphs = DecodeGraphs(self.native, self.cache, graphs[0], graphs[1], max_len,
-                                       capture=self.device.type == "cuda")
+            self.graphs = DecodeGraphs(self.native, self.cache, graphs[0], graphs[1], capture=self.device.type == "cuda")
 
     def _prepare(self, model: HFModule, quantize: Quantize, max_len: int, release_weights: bool,
                  head_rows: list[int] | None) -> None:
