@@ -92,6 +92,7 @@ def step_bench(source: str | None, context: int, repeats: int, gbs: float) -> No
     import torch
 
     from specdec_core.engine.config import default_cache_dir
+    from specdec_core.execution import gguf_kernels
     from specdec_core.execution.gguf_linear import GGUFLinear
     from specdec_core.execution.linear_kernels import RowInt8Linear
     from specdec_core.execution.kv_cache import blocks_for, region
@@ -128,14 +129,23 @@ def step_bench(source: str | None, context: int, repeats: int, gbs: float) -> No
     print(f"\nstep of {loaded.name} ({context} tokens cached), ms median (min); weights read per step: "
           + ", ".join(f"{m} {read_bytes(r) / 1e9:.3f} GB" for m, r in runners.items())
           + "; preparing the runner: " + ", ".join(f"{m} {s:.1f} s" for m, s in prepare_s.items()))
-    print("| shape | int8 | gguf | gguf / int8 |\n|---|---|---|---|")
+    print("(gguf runs on torch's OpenMP team; \"gguf, own pool\" on a thread pool of the kernels' own, as before "
+          "2026-11-24, while torch's idle OpenMP workers spin)")
+    print("| shape | int8 | gguf | gguf, own pool | gguf / int8 |\n|---|---|---|---|---|")
     one: dict[str, float] = {}
+
+    def on_pool(own: bool, items: list[ForwardItem]) -> None:
+        gguf_kernels.thread_pool(own=own)
+        runners["gguf"].forward(items)
+
     for label, items in shapes.items():
-        res = interleaved({m: (lambda r=r: r.forward(items)) for m, r in runners.items()}, repeats)
+        res = interleaved({"int8": lambda: runners["int8"].forward(items), "gguf": lambda: on_pool(False, items),
+                           "own": lambda: on_pool(True, items)}, repeats)
+        gguf_kernels.thread_pool(own=False)
         one.setdefault("int8", res["int8"][0])
         one.setdefault("gguf", res["gguf"][0])
-        print(f"| {label} | {res['int8'][0]:.1f} ({res['int8'][1]:.1f}) | {res['gguf'][0]:.1f} ({res['gguf'][1]:.1f}) "
-              f"| {res['gguf'][0] / res['int8'][0]:.2f} |", flush=True)
+        print(f"| {label} | " + " | ".join(f"{res[m][0]:.1f} ({res[m][1]:.1f})" for m in ("int8", "gguf", "own"))
+              + f" | {res['gguf'][0] / res['int8'][0]:.2f} |", flush=True)
     floor = read_bytes(runners["gguf"]) / gbs / 1e6
     print(f"\ngguf one-token step {one['gguf']:.1f} ms; bytes / layer GB/s ({gbs:.1f}) = {floor:.1f} ms; "
           f"step / floor = {one['gguf'] / floor:.2f}")

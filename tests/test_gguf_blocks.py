@@ -124,6 +124,27 @@ def test_every_row_count_gives_each_row_the_bits_it_gets_alone(qtype, impl):
         torch.set_num_threads(threads)
 
 
+def test_torchs_openmp_team_and_our_own_pool_compute_the_same_bits():
+    """The kernels run on the OpenMP team torch uses (found among the loaded libraries: torch
+    loads one here), or on a pool of ours; with 1-3 threads and either pool, every output is the
+    same bits (each part computes the same outputs with the same code)."""
+    assert gguf_kernels.thread_pool() == "openmp"
+    n, k = 45, 512
+    blocks = torch.from_numpy(blocks_for(T.Q4_K, n, k, seed=5))
+    x = activations(7, k, seed=6)
+    reference = torch.empty(7, n)
+    gguf_kernels.gemm(int(T.Q4_K), blocks, x, reference, threads=1)
+    try:
+        for own in (False, True):
+            assert gguf_kernels.thread_pool(own=own) == ("own" if own else "openmp")
+            for threads in (2, 3):
+                out = torch.empty(7, n)
+                gguf_kernels.gemm(int(T.Q4_K), blocks, x, out, threads=threads)
+                assert torch.equal(out, reference), (own, threads)
+    finally:
+        gguf_kernels.thread_pool(own=False)
+
+
 def run_repacked(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tensor, threads: int = 2) -> torch.Tensor:
     packed = gguf_kernels.repack(int(qtype), torch.from_numpy(np.ascontiguousarray(blocks)), x.shape[1])
     assert packed is not None

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("gguf_gemm.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c", "gguf_x8_q6k.c")
+SOURCES = ("gguf_gemm.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c", "gguf_x8_q6k.c", "gguf_threads.c")
 HEADERS = ("gguf_kernels.h", "gguf_x8_common.h")
 CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 CSRC = Path(__file__).with_name("csrc")
@@ -63,6 +63,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.sd_gguf_x8_size.restype = i64
     lib.sd_gguf_x8_repack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
     lib.sd_gguf_x8_repack.restype = ctypes.c_int
+    lib.sd_gguf_thread_pool.argtypes = []
+    lib.sd_gguf_thread_pool.restype = ctypes.c_int
+    lib.sd_gguf_set_pool.argtypes = [ctypes.c_int]
+    lib.sd_gguf_set_pool.restype = ctypes.c_int
     return lib
 
 
@@ -102,7 +106,7 @@ def _compile_into_cache() -> Path:
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         partial = Path(tmp) / target.name
         cmd = [compiler, *CFLAGS, f'-DSD_SOURCES_HASH="{digest}"', "-o", str(partial),
-               *(str(CSRC / s) for s in SOURCES), "-lm"]
+               *(str(CSRC / s) for s in SOURCES), "-lm", "-ldl"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"compiling the GGUF block kernels failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
@@ -138,6 +142,15 @@ def available() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def thread_pool(own: bool | None = None) -> str:
+    """Whose threads run the kernels: ``"openmp"`` (the OpenMP team torch's own ops use, found
+    among the loaded libraries) or ``"own"`` (a pool of ours, where no OpenMP runtime is loaded).
+    ``own=True`` forces our pool, ``own=False`` goes back (tests and A/B measurements compare)."""
+    lib = library()
+    active = lib.sd_gguf_thread_pool() if own is None else lib.sd_gguf_set_pool(int(own))
+    return "openmp" if active else "own"
 
 
 def row_bytes(ggml_type: int, in_features: int) -> int:

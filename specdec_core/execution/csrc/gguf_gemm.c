@@ -2,20 +2,14 @@
  *
  * Work is split over output columns (weight rows) into contiguous ranges, one per thread: every
  * output element is computed by exactly one thread with the same code, so the result does not
- * depend on the thread count nor on the number of rows. Threads come from a small pool of our own
- * (spin briefly, then sleep), not OpenMP: torch brings its own OpenMP runtime, and two spinning
- * runtimes on a 2-core machine steal each other's cores. */
+ * depend on the thread count nor on the number of rows. The threads are torch's OpenMP team where
+ * there is one (gguf_threads.c). */
 #include <errno.h>
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "gguf_kernels.h"
-
-#define MAX_THREADS 64
 
 #ifndef SD_SOURCES_HASH
 #define SD_SOURCES_HASH "unknown"
@@ -126,7 +120,8 @@ typedef struct {
     float *out;
 } job_t;
 
-static void run_part(const job_t *j, int part) {
+static void run_part(const void *job, int part) {
+    const job_t *j = (const job_t *)job;
     if (j->group) {
         const int64_t groups = (j->n + 7) / 8, g0 = groups * part / j->parts, g1 = groups * (part + 1) / j->parts;
         for (int64_t g = g0; g < g1; g++) {
@@ -147,79 +142,6 @@ static void run_part(const job_t *j, int part) {
             j->tile(w, j->nb, j->act + r0 * j->act_stride, (size_t)j->act_stride, rows, j->out + r0 * j->ldo + col, (size_t)j->ldo);
         }
     }
-}
-
-/* ---- the thread pool ---- */
-static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER, call_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t pool_cv = PTHREAD_COND_INITIALIZER;
-static int pool_workers = 0;
-static atomic_uint pool_gen;
-static atomic_int pool_done;
-static const job_t *pool_job;
-static double spin_seconds = -1.0;
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static void *worker_main(void *arg) {
-    const int part = (int)(intptr_t)arg;
-    unsigned seen = 0;
-    for (;;) {
-        double until = now() + spin_seconds;
-        for (unsigned spins = 0; atomic_load_explicit(&pool_gen, memory_order_acquire) == seen; spins++) {
-            if ((spins & 255) == 255 && now() > until) {
-                pthread_mutex_lock(&pool_mu);
-                while (atomic_load(&pool_gen) == seen) pthread_cond_wait(&pool_cv, &pool_mu);
-                pthread_mutex_unlock(&pool_mu);
-                break;
-            }
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-        }
-        seen = atomic_load(&pool_gen);
-        if (part < pool_job->parts) run_part(pool_job, part);
-        atomic_fetch_add_explicit(&pool_done, 1, memory_order_release);
-    }
-    return NULL;
-}
-
-/* Runs the job on `parts` threads (the caller is part 0); returns the number of parts used. */
-static int run_job(job_t *j) {
-    if (j->parts > 1 && pthread_mutex_trylock(&call_mu) == 0) { /* a concurrent caller runs alone */
-        if (spin_seconds < 0) {
-            const char *env = getenv("SPECDEC_GGUF_SPIN_US");
-            spin_seconds = (env ? atof(env) : 100.0) * 1e-6;
-        }
-        if (j->parts > MAX_THREADS) j->parts = MAX_THREADS;
-        while (pool_workers < j->parts - 1) {
-            pthread_t t;
-            if (pthread_create(&t, NULL, worker_main, (void *)(intptr_t)(pool_workers + 1)) != 0) break;
-            pthread_detach(t);
-            pool_workers++;
-        }
-        if (j->parts > pool_workers + 1) j->parts = pool_workers + 1;
-        pool_job = j;
-        atomic_store(&pool_done, 0);
-        pthread_mutex_lock(&pool_mu);
-        atomic_fetch_add_explicit(&pool_gen, 1, memory_order_release);
-        pthread_cond_broadcast(&pool_cv);
-        pthread_mutex_unlock(&pool_mu);
-        run_part(j, 0);
-        while (atomic_load_explicit(&pool_done, memory_order_acquire) < pool_workers) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-        }
-        pthread_mutex_unlock(&call_mu);
-        return j->parts;
-    }
-    j->parts = 1;
-    run_part(j, 0);
-    return 1;
 }
 
 /* The repacked layout this library multiplies for `type` with the active kernels: SD_X8 | type,
@@ -269,7 +191,7 @@ int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *
                (int)(k / block_values(type)), threads < 1 ? 1 : threads, out};
     const int64_t units = group ? (n + 7) / 8 : n;
     if ((int64_t)j.parts > units) j.parts = (int)units;
-    run_job(&j);
+    sd_run_parts(run_part, &j, j.parts, j.parts);
     free(act);
     return 0;
 }

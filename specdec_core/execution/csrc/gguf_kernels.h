@@ -68,6 +68,12 @@ int64_t sd_gguf_x8_q6k_bytes(int64_t n, int64_t k);
 int sd_gguf_x8_q6k_pack(const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst);
 
 tile_fn sd_scalar_tile(int type);
+/* Calls fn(job, p) for every part p < parts on up to `threads` threads (gguf_threads.c). */
+typedef void (*part_fn)(const void *job, int part);
+void sd_run_parts(part_fn fn, const void *job, int parts, int threads);
+int sd_gguf_thread_pool(void);
+int sd_gguf_set_pool(int own);
+
 #if defined(__x86_64__) || defined(__i386__)
 tile_fn sd_avx2_tile(int type);
 group_fn sd_x8_32_tile(int type);
