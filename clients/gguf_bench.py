@@ -139,8 +139,9 @@ def step_bench(source: str | None, context: int, repeats: int, gbs: float) -> No
         runners["gguf"].forward(items)
 
     for label, items in shapes.items():
-        res = interleaved({"int8": lambda: runners["int8"].forward(items), "gguf": lambda: on_pool(False, items),
-                           "own": lambda: on_pool(True, items)}, repeats)
+        res = interleaved({"int8": lambda items=items: runners["int8"].forward(items),
+                           "gguf": lambda items=items: on_pool(False, items),
+                           "own": lambda items=items: on_pool(True, items)}, repeats)
         gguf_kernels.thread_pool(own=False)
         one.setdefault("int8", res["int8"][0])
         one.setdefault("gguf", res["gguf"][0])

@@ -10,15 +10,21 @@ draft from p instead of the residual norm(max(0, p - q)).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import load, region, slot_runner
+from gguf import GGMLQuantizationType, quants
 from scipy.stats import chisquare
 
 import specdec_core.speculation.verifier as verifier_module
 from specdec_core import Engine, EngineConfig, SamplingParams
+from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
+from specdec_core.execution.gguf_weights import ATTRIBUTE
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 from specdec_core.decoding.sampling import RowParams, sample, warp
 from specdec_core.speculation.verifier import VerifyResult, verify
@@ -143,6 +149,49 @@ def test_speculative_samples_match_target_distribution(tiny_vocab_pair, params, 
     # Negative control: the same test rejects a sampler that is wrong after a rejection.
     monkeypatch.setattr(verifier_module, "verify", biased_verify)
     assert chi_square_p(draw(target, draft, params, quantize), probs) < 1e-3
+
+
+def with_blocks(loaded, qtype: GGMLQuantizationType = GGMLQuantizationType.Q4_0):
+    """A copy of ``loaded`` whose every linear carries GGUF blocks of its weights, the weights
+    replaced by their dequantization (as a model converted from a GGUF file), for
+    ``quantize="gguf"``; the blocks are attached again before each runner takes them."""
+    model = copy.deepcopy(loaded.model)
+    blocks = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            raw = quants.quantize(module.weight.detach().numpy(), qtype)
+            with torch.no_grad():
+                module.weight.copy_(torch.from_numpy(quants.dequantize(raw, qtype).astype(np.float32)))
+            blocks[name] = BlockWeight(int(qtype), torch.from_numpy(raw), module.in_features)
+
+    def attach() -> None:
+        for name, weight in blocks.items():
+            setattr(model.get_submodule(name), ATTRIBUTE, weight)
+
+    return dataclasses.replace(loaded, model=model), attach
+
+
+@pytest.mark.slow
+def test_gguf_blocks_keep_the_target_distribution(tiny_vocab_pair, monkeypatch):
+    """``--quantize gguf`` (the CPU default for GGUF models): both models served from Q4_0
+    blocks through the block kernels; speculative samples follow the block model's exact
+    distribution, and the test still sees the biased sampler."""
+    (target, attach_target), (draft, attach_draft) = (with_blocks(m) for m in tiny_vocab_pair)
+    params = SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True)
+    attach_target()
+    served = slot_runner(target.model, 1, 16, vocab_size=VOCAB, quantize="gguf")
+    assert sum(isinstance(m, GGUFLinear) for m in served.native.modules()) == 5  # qkv, o, gate/up, down, head
+    attach_target()
+    probs = exact_two_token_distribution(target.model, params, "gguf")
+
+    def gguf_draw() -> torch.Tensor:
+        attach_target()
+        attach_draft()
+        return draw(target, draft, params, "gguf")
+
+    assert chi_square_p(gguf_draw(), probs) > 1e-3
+    monkeypatch.setattr(verifier_module, "verify", biased_verify)
+    assert chi_square_p(gguf_draw(), probs) < 1e-3
 
 
 @pytest.mark.slow

@@ -163,18 +163,20 @@ def smol_prompts(tok) -> list[str]:
 
 
 @pytest.mark.slow
-def test_real_model_int8_speculation_equals_int8_alone(smol):
-    """SmolLM2-135M in the CPU default mode (per-row int8): draft-model and n-gram speculation,
-    several requests batched together, give exactly int8 decoding's tokens."""
+@pytest.mark.parametrize("quantize", ["int8", "gguf"])
+def test_real_model_speculation_equals_decoding_alone(smol, quantize):
+    """SmolLM2-135M in the CPU modes (gguf, its default as a GGUF file: the file's Q4_1 blocks;
+    per-row int8): draft-model and n-gram speculation, several requests batched together, give
+    exactly the tokens of decoding alone in the same mode."""
     from specdec_core.loading.loader import LoadedModel
 
     n = smol.model.config.num_hidden_layers
     draft = LoadedModel(drop_layers(smol.model, [i for i in range(n) if i not in (n // 2 - 1, n // 2)]), smol.tokenizer, "smol-draft", smol.path)
     prompts = smol_prompts(smol.tokenizer)
     params = SamplingParams(max_tokens=32, temperature=0.0)
-    off = [engine((smol, None), "none", quantize="int8").generate([p], params)[0].token_ids for p in prompts]
+    off = [engine((smol, None), "none", quantize=quantize).generate([p], params)[0].token_ids for p in prompts]
     for method in ("draft", "ngram"):
-        spec = engine((smol, draft), method, 4, quantize="int8")
+        spec = engine((smol, draft), method, 4, quantize=quantize)
         assert [c.token_ids for c in spec.generate(prompts, params)] == off
         assert spec.metrics.total_accepted_tokens > 0
 

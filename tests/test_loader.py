@@ -19,6 +19,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specdec_core.loading.default_models as default_models
+from specdec_core.execution import gguf_kernels
 import specdec_core.loading.loader as loader
 from specdec_core.loading.default_models import DefaultModel, default_model_path, pip_requirements
 from specdec_core.loading.loader import (
@@ -94,6 +95,7 @@ def test_hub_id_absent_from_cache_is_not_downloaded(monkeypatch: pytest.MonkeyPa
 def test_quantize_auto_is_int8_on_cpu_and_int8_refused_elsewhere() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_quantize("auto", cpu, torch.float32) == "int8"
+    assert resolve_quantize("auto", cpu, torch.float32, torch.nn.Linear(2, 2)) == "int8"  # not from a GGUF file
     assert resolve_quantize("auto", cuda, torch.bfloat16) == "none"
     assert resolve_quantize("auto", cpu, torch.bfloat16) == "none"
     assert resolve_quantize("none", cpu, torch.float32) == "none"
@@ -128,6 +130,16 @@ def smol_converted(
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
+
+
+def test_quantize_auto_serves_a_gguf_models_own_blocks_on_the_cpu(smol_converted: tuple[Path, LoadedModel]) -> None:
+    """A model converted from a GGUF file gets its own blocks by default where the AVX2 kernels
+    run (faster than int8 there, and the file's own model); fp32 on request, none on CUDA."""
+    model = smol_converted[1].model
+    expected = "gguf" if gguf_kernels.vectorized() else "int8"
+    assert resolve_quantize("auto", torch.device("cpu"), torch.float32, model) == expected
+    assert resolve_quantize("auto", torch.device("cuda"), torch.bfloat16, model) == "none"
+    assert resolve_quantize("none", torch.device("cpu"), torch.float32, model) == "none"
 
 
 @pytest.mark.slow

@@ -36,8 +36,11 @@ def client(smol_server: ServerProcess) -> openai.OpenAI:
 
 
 def test_chat_answers_with_real_text(client: openai.OpenAI) -> None:
+    # Not the bare "What is the capital of France?": there SmolLM2's own fp32 model is a near-tie
+    # on the first token ("The" 0.152, "L" 0.140), which the file's blocks (the default) tip to "L".
     out = client.chat.completions.create(
-        model="smol", messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=24, temperature=0
+        model="smol", messages=[{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
+        max_tokens=24, temperature=0
     )
     assert "Paris" in out.choices[0].message.content
     assert out.choices[0].finish_reason == "stop"  # the model ends its turn with its EOS token

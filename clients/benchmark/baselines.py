@@ -32,7 +32,7 @@ def _load_pair(args, need_draft: bool):
 
     def load(source: str | None, role: str):
         lm = load_model(source, role=role, device=device, dtype=args.dtype, cache_dir=default_cache_dir(), progress=True)
-        return _dynamic_int8(lm.model) if mode == "int8" else lm.model, lm.tokenizer
+        return _dynamic_int8(lm.model) if mode in ("int8", "gguf") else lm.model, lm.tokenizer
 
     target, tok = load(args.model, "target")
     draft = None

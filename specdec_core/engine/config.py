@@ -78,11 +78,13 @@ class EngineConfig:
     device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata=_flag("where both models run"))
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(default="auto", metadata=_flag(
         "weight/activation dtype"))
-    # "auto": per-row int8 on the CPU (fast, batch-invariant), none (bf16) on CUDA.
+    # "auto": on the CPU a GGUF model's own blocks (where the AVX2 kernels run), else per-row int8
+    # (both fast and batch-invariant); none (bf16) on CUDA.
     quantize: Literal["auto", "none", "int8", "gguf"] = field(default="auto", metadata=_flag(
         "linear layers: int8 (per-row activation and per-channel weight scales, batch-invariant; CPU only), "
         "gguf (a GGUF model's own quantized blocks, 8-bit per-row activations, batch-invariant; CPU only), "
-        "none (fp32 on CPU, bf16 on CUDA), auto = int8 on CPU, none on CUDA"))
+        "none (fp32 on CPU, bf16 on CUDA), auto = gguf for a GGUF model on an AVX2 CPU, else int8 on CPU, "
+        "none on CUDA"))
     # "segments" keeps every row bit-identical alone and batched (the CPU's promise); "packed" is
     # one attention call per layer for the whole step (what a launch-bound GPU needs).
     attention: Literal["auto", "segments", "packed"] = field(default="auto", metadata=_flag(

@@ -110,7 +110,7 @@ class Engine:
         self.num_speculative_tokens = 0 if method == "none" else config.num_speculative_tokens
         self.eos_ids = eos_token_ids(target.model, target.tokenizer)
         param = next(target.model.parameters())
-        self.quantize = resolve_quantize(config.quantize, param.device, param.dtype)
+        self.quantize = resolve_quantize(config.quantize, param.device, param.dtype, target.model)
         self.kv = size_for(config, [target.model] + ([draft.model] if draft is not None else []), param.device,
                            self.num_speculative_tokens)
         self.max_model_len = config.max_model_len = self.kv.max_model_len

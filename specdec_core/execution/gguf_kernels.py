@@ -153,6 +153,15 @@ def thread_pool(own: bool | None = None) -> str:
     return "openmp" if active else "own"
 
 
+def vectorized() -> bool:
+    """True when the kernels can run here and the active ones are the AVX2 ones (the portable C
+    kernels are correct everywhere but not faster than int8, so ``--quantize auto`` skips them)."""
+    try:
+        return bool(library().sd_gguf_x8_type(12))  # Q4_K is repacked by the AVX2 kernels only
+    except RuntimeError:
+        return False
+
+
 def row_bytes(ggml_type: int, in_features: int) -> int:
     """Bytes of one weight row of ``in_features`` values; 0 when the kernels cannot run it."""
     return int(library().sd_gguf_row_bytes(ggml_type, in_features))

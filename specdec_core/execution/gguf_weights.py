@@ -108,6 +108,7 @@ def read_block_weights(path: Path, model: HFModule) -> dict[str, BlockWeight]:
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     found: dict[str, BlockWeight] = {}
+    mismatched: list[str] = []
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear):
             continue
@@ -129,9 +130,27 @@ def read_block_weights(path: Path, model: HFModule) -> dict[str, BlockWeight]:
         if permuted and gguf_name.endswith((".attn_q", ".attn_k")):
             blocks = _unpermute(blocks, heads if gguf_name.endswith(".attn_q") else kv_heads)
         weight = BlockWeight(ggml_type, blocks.contiguous(), module.in_features)
-        if executable(weight):
-            found[name] = weight
+        if not executable(weight):
+            continue
+        if not _first_row_matches(weight, module.weight):
+            mismatched.append(name)
+            continue
+        found[name] = weight
+    if mismatched:
+        logger.warning("%d linear layers of %s are not the tensors %s names for them (a model changed after "
+                       "loading?), e.g. %s: they run in int8", len(mismatched), cfg.model_type, path.name, mismatched[0])
     return found
+
+
+def _first_row_matches(weight: BlockWeight, dense: torch.Tensor) -> bool:
+    """Whether the blocks' first row dequantizes to the module's first weight row, as it does for
+    a model converted from this file: a model whose layers were dropped or replaced after loading
+    keeps the file's name but not its tensors, and must not be served the file's blocks."""
+    import gguf
+
+    row = gguf.quants.dequantize(weight.blocks[:1].numpy(), gguf.GGMLQuantizationType(weight.ggml_type))
+    row = row.astype(np.float32)
+    return torch.equal(torch.from_numpy(row).reshape(-1), dense.detach()[0].float())
 
 
 def attach_block_weights(model: torch.nn.Module) -> int:
