@@ -24,7 +24,7 @@ def pair(tiny_target, tiny_draft):
 def start(pair, cache_dir: Path, caplog: pytest.LogCaptureFixture, **kw) -> tuple[Engine, str]:
     """An engine with adaptive speculation (so it needs step costs) and what it logged about them."""
     caplog.clear()
-    cfg = EngineConfig(speculative_method="draft", num_speculative_tokens=2, seed=0, quantize="none",
+    cfg = EngineConfig(speculative_method="draft", num_speculative_tokens=2, seed=0, quantize=kw.pop("quantize", "none"),
                        max_num_seqs=kw.pop("max_num_seqs", 2), max_model_len=160, cache_dir=cache_dir, **kw)
     with caplog.at_level(logging.INFO, logger="specdec"):
         eng = Engine.from_loaded(cfg, *pair)
@@ -50,6 +50,19 @@ def test_another_configuration_measures_its_own(pair, tmp_path: Path, caplog) ->
     assert other.cost_cache.path != first.cost_cache.path
     assert sorted(p.name for p in (tmp_path / "step-costs").iterdir()) == sorted(
         [first.cost_cache.path.name, other.cost_cache.path.name])
+
+
+def test_gguf_costs_belong_to_the_kernel_build_that_timed_them(pair, tmp_path: Path, caplog, monkeypatch) -> None:
+    """A new build of the block kernels can change a step's cost 2x (their thread pool did), so
+    its costs are timed anew rather than read from another build's file."""
+    from specdec_core.execution import gguf_kernels
+
+    first, _ = start(pair, tmp_path, caplog, quantize="gguf")
+    assert first.cost_cache is not None and gguf_kernels.build() in first.cost_cache.key["quantize"]
+    monkeypatch.setattr(gguf_kernels, "build", lambda: "another-build")
+    rebuilt, logged = start(pair, tmp_path, caplog, quantize="gguf")
+    assert "step costs measured" in logged and rebuilt.cost_cache is not None
+    assert rebuilt.cost_cache.path != first.cost_cache.path
 
 
 def test_real_steps_move_the_live_costs_and_reach_the_cache(pair, tmp_path: Path, caplog) -> None:

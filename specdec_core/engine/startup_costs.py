@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from specdec_core.engine.config import EngineConfig
+from specdec_core.execution import gguf_kernels
 from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.loading.progress_log import phase
 from specdec_core.speculation.cost_cache import CostCache, machine, model_identity
@@ -35,7 +36,8 @@ def step_costs(config: EngineConfig, target: ModelRunner, draft: ModelRunner | N
     cache = CostCache(config.cache_dir, {
         "target": model_identity(target_model.path),
         "draft": model_identity(draft_model.path) if draft_model is not None else None,
-        "quantize": quantize, "attention": target.attention, "path": target.path,
+        "quantize": quantize if quantize != "gguf" else f"gguf {gguf_kernels.build()}",  # a new kernel, new costs
+        "attention": target.attention, "path": target.path,
         "dtype": str(target.dtype), "device": target.device.type, "machine": machine(),
         "max_num_seqs": config.max_num_seqs, "tokens_per_seq": tokens_per_seq, "max_model_len": config.max_model_len,
         "draft_vocab_size": config.draft_vocab_size if draft_model is not None else None})

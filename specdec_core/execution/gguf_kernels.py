@@ -144,6 +144,12 @@ def available() -> bool:
     return True
 
 
+def build() -> str:
+    """The source hash the loaded kernels were compiled from: step costs timed with one build are
+    not kept for another (``engine/startup_costs.py``)."""
+    return _built_from(library())
+
+
 def thread_pool(own: bool | None = None) -> str:
     """Whose threads run the kernels: ``"openmp"`` (the OpenMP team torch's own ops use, found
     among the loaded libraries) or ``"own"`` (a pool of ours, where no OpenMP runtime is loaded).

@@ -4,7 +4,8 @@ Timing every step shape at start-up took ~16 s for the default pair on a quiet m
 while another process used the CPU, and costs learned under load were wrong for the whole run.
 So the costs are saved beside the converted weights (``<cache_dir>/step-costs/``) and a later
 start with the same key loads them instead of timing anything. The key names everything that
-changes what a step costs: the target and draft (path, weight bytes), the quantization mode,
+changes what a step costs: the target and draft (path, weight bytes), the quantization mode (for
+gguf, with the kernels' build),
 attention layout, dtype and device, the machine (CPU model, torch's thread count, torch version,
 the GPU's name) and the configuration that shapes steps (``max_num_seqs``, drafts per request,
 ``max_model_len``, the draft vocabulary). A different key is a different file: nothing stale is
