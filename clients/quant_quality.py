@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""What int8 costs in quality: int8 vs fp32 next-token agreement and KL, teacher-forced.
+"""What a quantized CPU mode costs in quality: int8 or gguf vs fp32 next-token agreement and KL, teacher-forced.
 
-The CPU default (``--quantize auto`` = per-row int8) is lossless with respect to the *int8* model.
+The CPU modes (``--quantize int8``, the default for models not from a GGUF file, and ``gguf``, the
+default for GGUF models) are lossless with respect to their own quantized model.
 This measures how far that model is from fp32 on real text: for every position of a text built from
 ``clients/prompts.json`` (code-editing prompts, open prompts and chat prompts through the chat
 template, each followed by the fp32 model's own greedy continuation), the share of positions where
