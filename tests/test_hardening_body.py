@@ -1,7 +1,7 @@
 """Issue 20, body parsing: a body is refused by its JSON shape before pydantic parses it (parsing
 holds the GIL for the whole body), the count is exact outside strings, and /health answers within
 100 ms while maximal bodies arrive. A real tiny server on 127.0.0.1; every wait bounded; the only
-timing asserted is the 100 ms /health budget, with bodies that held the old server 1-5 s each."""
+timing asserted is the /health budget (``HealthPoller.assert_within_budget``), with bodies that held the old server 1-5 s each."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_brackets_and_commas_inside_strings_do_not_count(tiny_server: ServerProc
 
 def test_health_answers_within_100_ms_while_maximal_bodies_arrive(tiny_server: ServerProcess) -> None:
     """Two clients each send three 8 MB bodies of the worst shapes (1-5 s of GIL each on the old
-    server, which parsed them whole); /health, polled meanwhile, never waits 100 ms."""
+    server, which parsed them whole); /health, polled meanwhile, keeps its budget."""
     bodies = [filled(P + '"junk":[', "[],", "]}"), filled(P + '"junk":{', '"k":0,', "}}"),
               filled(P + '"junk":[', "0,", "]}")]
     statuses: list[int] = []
@@ -99,4 +99,4 @@ def test_health_answers_within_100_ms_while_maximal_bodies_arrive(tiny_server: S
             t.join(WAIT_S)
     assert statuses == [400] * 6, statuses
     assert poller.statuses and set(poller.statuses) == {200}, set(poller.statuses)
-    assert poller.worst_ms < 100, poller.worst_ms
+    poller.assert_within_budget()

@@ -4,7 +4,7 @@ run), a schema no finite JSON matches is a 400 at compile time, and a schema who
 is deep enough to overflow a default thread stack does not kill the process.
 
 Real ``specdec serve`` subprocesses (tiny models, SmolLM2's tokenizer) on 127.0.0.1; every wait
-bounded; the only timing asserted is the 100 ms ``/health`` budget.
+bounded; the only timing asserted is the ``/health`` budget (``HealthPoller.assert_within_budget``).
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def wide_schema(tag: str) -> dict:
 def test_health_answers_within_100_ms_while_seconds_of_grammars_compile(tiny_server: ServerProcess) -> None:
     """Ten waves of five concurrent requests (one compiling, four queued: the pool's bound), each
     with its own cap-sized schema: 50 compiles, about 6 s of llguidance work that on the event loop
-    would have held /health for all of it. Every request is served; /health never waits 100 ms."""
+    would have held /health for all of it. Every request is served; /health keeps its budget."""
     statuses: list[int] = []
     lock = threading.Lock()
 
@@ -181,7 +181,7 @@ def test_health_answers_within_100_ms_while_seconds_of_grammars_compile(tiny_ser
                 t.join(WAIT_S)
     assert statuses == [200] * 50, statuses
     assert poller.statuses and set(poller.statuses) == {200}, set(poller.statuses)
-    assert poller.worst_ms < 100, poller.worst_ms
+    poller.assert_within_budget()
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "loop"}}])
