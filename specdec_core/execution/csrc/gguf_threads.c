@@ -43,7 +43,7 @@ static void run_share(const work_t *w, int t, int threads) {
 /* ---- torch's OpenMP team ---- */
 static void (*omp_parallel)(void (*)(void *), void *, unsigned, unsigned);
 static int (*omp_thread_num)(void), (*omp_num_threads)(void);
-static int omp_state = -1; /* -1: not looked for yet; 0: none loaded; 1: found */
+static int omp_found; /* set once, by look_for_omp */
 static int forced_own = 0;
 
 #if defined(__linux__)
@@ -63,9 +63,7 @@ static int find_omp(struct dl_phdr_info *info, size_t size, void *data) {
 static pthread_once_t omp_once = PTHREAD_ONCE_INIT;
 static void look_for_omp(void) {
 #if defined(__linux__)
-    omp_state = dl_iterate_phdr(find_omp, NULL) ? 1 : 0;
-#else
-    omp_state = 0;
+    omp_found = dl_iterate_phdr(find_omp, NULL) != 0;
 #endif
 }
 
@@ -145,7 +143,7 @@ static void own_pool(const work_t *w, int threads) {
 /* 1 when parts run on the process's OpenMP team, 0 on our own pool. */
 int sd_gguf_thread_pool(void) {
     pthread_once(&omp_once, look_for_omp);
-    return omp_state == 1 && !forced_own;
+    return omp_found && !forced_own;
 }
 
 /* own = 1: our pool even where OpenMP is loaded (tests and A/B measurements); returns the active one. */
