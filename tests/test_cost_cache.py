@@ -52,15 +52,17 @@ def test_another_configuration_measures_its_own(pair, tmp_path: Path, caplog) ->
         [first.cost_cache.path.name, other.cost_cache.path.name])
 
 
-def test_gguf_costs_belong_to_the_kernel_build_that_timed_them(pair, tmp_path: Path, caplog, monkeypatch) -> None:
-    """A new build of the block kernels can change a step's cost 2x (their thread pool did), so
-    its costs are timed anew rather than read from another build's file."""
+@pytest.mark.parametrize("quantize", ["gguf", "int8"])
+def test_costs_belong_to_the_kernel_build_that_timed_them(pair, tmp_path: Path, caplog, monkeypatch, quantize) -> None:
+    """A new build of the C kernels can change a step's cost 2x (their thread pool did), so its
+    costs are timed anew rather than read from another build's file: in gguf (the block layers)
+    and in every CPU float32 mode (the row-wise ops and one-row attention)."""
     from specdec_core.execution import gguf_kernels
 
-    first, _ = start(pair, tmp_path, caplog, quantize="gguf")
-    assert first.cost_cache is not None and gguf_kernels.build() in first.cost_cache.key["quantize"]
+    first, _ = start(pair, tmp_path, caplog, quantize=quantize)
+    assert first.cost_cache is not None and gguf_kernels.build() == first.cost_cache.key["kernels"]
     monkeypatch.setattr(gguf_kernels, "build", lambda: "another-build")
-    rebuilt, logged = start(pair, tmp_path, caplog, quantize="gguf")
+    rebuilt, logged = start(pair, tmp_path, caplog, quantize=quantize)
     assert "step costs measured" in logged and rebuilt.cost_cache is not None
     assert rebuilt.cost_cache.path != first.cost_cache.path
 

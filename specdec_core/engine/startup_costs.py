@@ -36,7 +36,9 @@ def step_costs(config: EngineConfig, target: ModelRunner, draft: ModelRunner | N
     cache = CostCache(config.cache_dir, {
         "target": model_identity(target_model.path),
         "draft": model_identity(draft_model.path) if draft_model is not None else None,
-        "quantize": quantize if quantize != "gguf" else f"gguf {gguf_kernels.build()}",  # a new kernel, new costs
+        "quantize": quantize,
+        # the C kernels run the block layers (gguf) and the row-wise ops (CPU float32): a new build, new costs
+        "kernels": gguf_kernels.build() if quantize == "gguf" or target.row_attention else None,
         "attention": target.attention, "path": target.path,
         "dtype": str(target.dtype), "device": target.device.type, "machine": machine(),
         "max_num_seqs": config.max_num_seqs, "tokens_per_seq": tokens_per_seq, "max_model_len": config.max_model_len,

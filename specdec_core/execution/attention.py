@@ -11,6 +11,10 @@
   alone and batched, and verifying k drafts gives the logits k plain decode steps would give.
   (Measured here: a CPU matmul's row changes in the last bits with the number of rows it is
   computed with, so a call shared by rows of several requests could not promise that.)
+  Where the C kernels run (float32 on an AVX2 CPU), every one-row segment (a decode row, a
+  draft) goes to one call per layer instead (``RowAttention``, ``csrc/row_attention.c``), which
+  computes each (row, head) alone: a torch call per row costs 80-110 us here, nearly all of it
+  per-op overhead, 28 of them per row in a step of the 1.5B.
 - **Packed** (the CUDA default): one call per layer for the whole forward. Every request is a
   group of up to ``q_max`` query rows over up to ``kv_max`` of its own keys, gathered through its
   block table, under a causal mask, so a draft row at position p sees keys 0..p as it would alone. On a
@@ -24,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from specdec_core.execution import gguf_kernels, row_kernels
 
 
 @dataclass
@@ -40,6 +46,64 @@ class Segment:
     mask: torch.Tensor | None  # causal mask [q_len, kv_len] for multi-row segments
     gather: torch.Tensor | None = None  # [>= kv_len] cache rows of the request's positions
     group: int = -1
+
+
+@dataclass
+class RowAttention:
+    """The one-row segments of a forward, built once per forward and attended by one C call per
+    layer: query row, number of keys, and where the keys are (cache rows ``base ..`` where
+    ``first`` is -1, else ``index[first ..]``)."""
+
+    rows: torch.Tensor  # int64 [R]
+    kv_len: torch.Tensor
+    base: torch.Tensor
+    first: torch.Tensor
+    index: torch.Tensor  # the gathered requests' cache rows, one after another
+
+    def __post_init__(self) -> None:
+        # the kernel's index arguments, read once per forward rather than once per layer
+        self.pointers = (self.rows.data_ptr(), self.kv_len.data_ptr(), self.base.data_ptr(), self.first.data_ptr(),
+                         self.index.data_ptr(), self.rows.numel())
+
+
+def row_attention_supported(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Where ``attend_rows`` runs: where the row kernels do (``row_kernels.supported``; the
+    portable C loop is no faster than torch's call), for heads of up to 512 dims. Fixed for a
+    process, so a row is always computed by the same function."""
+    return head_dim <= 512 and row_kernels.supported(device, dtype)
+
+
+def split_single_rows(segments: list[Segment]) -> tuple[list[Segment], RowAttention | None]:
+    """The multi-row segments, and the one-row ones as a ``RowAttention`` (None if there are none)."""
+    multi = [s for s in segments if s.q_len > 1]
+    single = [s for s in segments if s.q_len == 1]
+    if not single:
+        return multi, None
+    offsets: dict[int, int] = {}
+    gathers: list[torch.Tensor] = []
+    for s in single:
+        if s.gather is not None and s.group not in offsets:
+            offsets[s.group] = sum(len(g) for g in gathers)
+            gathers.append(s.gather)
+    rows, kv_len, base, first = torch.tensor(
+        [[s.row, s.kv_len, s.base, offsets.get(s.group, -1) if s.gather is not None else -1] for s in single],
+        dtype=torch.int64).T.contiguous()
+    index = torch.cat(gathers) if gathers else torch.zeros(1, dtype=torch.int64)
+    return multi, RowAttention(rows, kv_len, base, first, index.contiguous())
+
+
+def attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: RowAttention, out: torch.Tensor) -> None:
+    """``out[row] = attention of q[:, row]`` for every row of ``rows`` (``q`` ``[H, T, D]`` a
+    transposed view of ``[T, H, D]``, ``out`` ``[T, H, D]``, the cache ``[kv_heads, rows, D]``)."""
+    heads, _, head_dim = q.shape
+    if q.stride(0) != head_dim or q.stride(2) != 1 or keys.stride(1) != head_dim or not out.is_contiguous():
+        raise ValueError("attend_rows wants [T, H, D] queries and a [kv_heads, rows, D] cache")
+    rc = gguf_kernels.library().sd_attend_rows(
+        q.data_ptr(), q.stride(1), keys.data_ptr(), values.data_ptr(), keys.stride(0), *rows.pointers,
+        heads, keys.shape[0], head_dim, head_dim ** -0.5,
+        out.data_ptr(), out.stride(0), torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"the row attention kernel refused {heads} heads over {keys.shape[0]} of dim {head_dim}")
 
 
 @dataclass
@@ -64,11 +128,14 @@ def packed_attention(q_gather: torch.Tensor, q_pos: torch.Tensor, k_gather: torc
     return PackedAttention(q_gather, k_gather, mask[:, None], out_rows, groups, q_max, kv_max)
 
 
-def attend_segments(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
+def attend_segments(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, segments: list[Segment],
+                    rows: RowAttention | None = None) -> torch.Tensor:
     """``q`` ``[H, T, D]``; ``keys``/``values`` a layer's cache ``[kv_heads, rows, D]``; returns
-    ``[T, H, D]``."""
+    ``[T, H, D]``. ``rows``: one-row segments left out of ``segments`` (``split_single_rows``)."""
     heads, tokens, head_dim = q.shape
     out = q.new_empty(tokens, heads, head_dim)
+    if rows is not None:
+        attend_rows(q, keys, values, rows, out)
     gathered: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for s in segments:
         if s.gather is None:

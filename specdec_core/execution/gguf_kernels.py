@@ -28,8 +28,9 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("gguf_gemm.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c", "gguf_x8_q6k.c", "gguf_threads.c")
-HEADERS = ("gguf_kernels.h", "gguf_x8_common.h")
+SOURCES = ("gguf_gemm.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c", "gguf_x8_q6k.c", "gguf_threads.c",
+           "row_attention.c", "row_ops.c")
+HEADERS = ("gguf_kernels.h", "gguf_x8_common.h", "row_math.h")
 CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 CSRC = Path(__file__).with_name("csrc")
 
@@ -67,6 +68,16 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.sd_gguf_thread_pool.restype = ctypes.c_int
     lib.sd_gguf_set_pool.argtypes = [ctypes.c_int]
     lib.sd_gguf_set_pool.restype = ctypes.c_int
+    lib.sd_attend_rows.argtypes = [ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, ctypes.c_int, ctypes.c_int,
+                                   ctypes.c_int, ctypes.c_float, ptr, i64, ctypes.c_int]
+    lib.sd_attend_rows.restype = ctypes.c_int
+    f32, i32 = ctypes.c_float, ctypes.c_int
+    lib.sd_rms_norm.argtypes = [ptr, i64, i64, i64, ptr, f32, ptr, i64, i32]
+    lib.sd_rms_norm.restype = None
+    lib.sd_rope.argtypes = [ptr, i64, i64, i32, i32, ptr, ptr, i64]
+    lib.sd_rope.restype = None
+    lib.sd_silu_mul.argtypes = [ptr, i64, i64, i64, ptr, i64, i32]
+    lib.sd_silu_mul.restype = None
     return lib
 
 

@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from specdec_core.execution.attention import Segment, packed_attention
+from specdec_core.execution.attention import Segment, packed_attention, row_attention_supported, split_single_rows
 from specdec_core.execution.decode_graphs import Bucket, DecodeGraphs, kv_bucket
 from specdec_core.execution.gguf_weights import attach_block_weights, detach_block_weights, prepare_block_linears
 from specdec_core.execution.hf_types import HFModule
@@ -101,6 +101,7 @@ class ModelRunner:
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.native: NativeLlama | None = None
         self.attention = ("packed" if self.device.type == "cuda" else "segments") if attention == "auto" else attention
+        self.row_attention = self.attention == "segments" and row_attention_supported(self.device, self.dtype, head_dim)
         # gguf: the linears of a model converted from a GGUF file get the file's blocks while preparing
         self.block_layers = attach_block_weights(model) if quantize == "gguf" else 0
         try:
@@ -267,6 +268,8 @@ class ModelRunner:
             batch.segments = [Segment(row, q_len, base, kv_len, self._causal(q_len, kv_len),
                                       gathers[group] if group >= 0 else None, group)
                               for row, q_len, base, kv_len, group in plan.segments or []]
+            if self.row_attention:
+                batch.segments, batch.rows = split_single_rows(batch.segments)
         return batch
 
     def _causal(self, q_len: int, kv_len: int) -> torch.Tensor | None:

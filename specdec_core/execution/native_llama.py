@@ -7,7 +7,8 @@ Python overhead. Here:
 
 - projections are fused (QKV, gate+up) and prepared once for the device and mode
   (``linear_kernels``), so a row's result does not depend on the other rows of the call;
-- RoPE comes from a table indexed by position, norms and activations are row-wise;
+- RoPE comes from a table indexed by position, norms and activations are row-wise (one C call
+  each on a CPU in float32, ``row_kernels``, else torch ops);
 - attention reads each request's own keys only (``attention``): one call per segment on the CPU,
   where that keeps every row bit-identical alone and batched and a verified draft equal to the
   same token decoded alone; one call per layer for the whole forward on CUDA.
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specdec_core.execution.attention import PackedAttention, Segment, attend_packed, attend_segments
+from specdec_core.execution import row_kernels
+from specdec_core.execution.attention import PackedAttention, RowAttention, Segment, attend_packed, attend_segments
 from specdec_core.execution.gguf_weights import block_linear
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.kv_cache import PagedKVCache
@@ -54,18 +56,22 @@ class Batch:
     write_index: torch.Tensor  # [T] flat cache rows (through each request's block table)
     logit_rows: torch.Tensor | None  # rows whose logits are returned (None: a bucketed forward's body)
     segments: list[Segment] | None = None
+    rows: RowAttention | None = None  # one-row segments, attended by the C kernel
     packed: PackedAttention | None = None
 
 
 class RMSNorm(torch.nn.Module):
     """Row-wise RMS norm computed in fp32, as transformers' Llama/Qwen2 do."""
 
-    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+    def __init__(self, weight: torch.Tensor, eps: float, fused: bool) -> None:
         super().__init__()
-        self.weight = weight.detach()
+        self.weight = weight.detach().contiguous()
         self.eps = eps
+        self.fused = fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return row_kernels.rms_norm(x, self.weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
@@ -81,12 +87,15 @@ class HeadShape:
 class DecoderLayer(torch.nn.Module):
     """Pre-norm attention + SwiGLU MLP, with the transformers layer's weights prepared once."""
 
-    def __init__(self, layer: HFModule, shape: HeadShape, quantize: Quantize, release: bool) -> None:
+    def __init__(self, layer: HFModule, shape: HeadShape, quantize: Quantize, release: bool, fused: bool) -> None:
+        """``fused``: the row-wise operations run as ``row_kernels`` (float32 on the CPU)."""
         super().__init__()
         self.shape = shape
+        self.fused = fused
         attn, mlp = layer.self_attn, layer.mlp
-        self.input_norm = RMSNorm(layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
-        self.post_norm = RMSNorm(layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+        self.input_norm = RMSNorm(layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon, fused)
+        self.post_norm = RMSNorm(layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon,
+                                 fused)
         self.qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj], quantize)
         self.o = _fused([attn.o_proj], quantize)
         self.gate_up = _fused([mlp.gate_proj, mlp.up_proj], quantize)
@@ -101,18 +110,24 @@ class DecoderLayer(torch.nn.Module):
         heads, kv_heads, head_dim = self.shape.heads, self.shape.kv_heads, self.shape.head_dim
         tokens = x.shape[0]
         qkv = self.qkv(self.input_norm(x))
+        if self.fused:  # queries and keys rotated in place, in one call
+            row_kernels.rope_(qkv, heads + kv_heads, head_dim, cos, sin)
         q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-        q = _rope(q.view(tokens, heads, head_dim), cos, sin).transpose(0, 1)  # [H, T, D]
-        k = _rope(k.view(tokens, kv_heads, head_dim), cos, sin).transpose(0, 1)
-        v = v.view(tokens, kv_heads, head_dim).transpose(0, 1)
+        q, k, v = q.view(tokens, heads, head_dim), k.view(tokens, kv_heads, head_dim), v.view(tokens, kv_heads, head_dim)
+        if not self.fused:
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, T, D]
         keys.index_copy_(1, batch.write_index, k.to(keys.dtype))
         values.index_copy_(1, batch.write_index, v.to(values.dtype))
         if batch.packed is not None:
             out = attend_packed(q, keys, values, batch.packed)
         else:
-            out = attend_segments(q, keys, values, batch.segments or [])
+            out = attend_segments(q, keys, values, batch.segments or [], batch.rows)
         x = x + self.o(out.reshape(tokens, heads * head_dim))
-        gate, up = self.gate_up(self.post_norm(x)).chunk(2, dim=-1)
+        gate_up = self.gate_up(self.post_norm(x))
+        if self.fused:
+            return x + self.down(row_kernels.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 
 
@@ -130,8 +145,9 @@ class NativeLlama(torch.nn.Module):
         shape = HeadShape(heads, getattr(cfg, "num_key_value_heads", None) or heads,
                           getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
         self.embed = base.embed_tokens.weight.detach()
-        self.layers = torch.nn.ModuleList(DecoderLayer(layer, shape, quantize, release) for layer in base.layers)
-        self.norm = RMSNorm(base.norm.weight, base.norm.variance_epsilon)
+        fused = row_kernels.supported(self.embed.device, self.embed.dtype)
+        self.layers = torch.nn.ModuleList(DecoderLayer(layer, shape, quantize, release, fused) for layer in base.layers)
+        self.norm = RMSNorm(base.norm.weight, base.norm.variance_epsilon, fused)
         head = model.get_output_embeddings()
         weight, bias = head.weight.detach(), getattr(head, "bias", None)
         self.head_rows = torch.tensor(head_rows, dtype=torch.long, device=weight.device) if head_rows else None

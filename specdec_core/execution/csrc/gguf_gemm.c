@@ -36,8 +36,13 @@ int sd_gguf_set_impl(int scalar) {
     return use_scalar ? 1 : 2;
 }
 
-static tile_fn select_tile(int type) {
+int sd_use_scalar(void) {
     if (use_scalar < 0) use_scalar = detect_scalar();
+    return use_scalar;
+}
+
+static tile_fn select_tile(int type) {
+    sd_use_scalar();
 #if defined(__x86_64__) || defined(__i386__)
     if (!use_scalar) return sd_avx2_tile(type);
 #endif

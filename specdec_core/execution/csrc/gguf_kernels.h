@@ -68,6 +68,8 @@ int64_t sd_gguf_x8_q6k_bytes(int64_t n, int64_t k);
 int sd_gguf_x8_q6k_pack(const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst);
 
 tile_fn sd_scalar_tile(int type);
+/* 1 where the portable scalar kernels run (no AVX2/FMA/F16C, or a test asked for them). */
+int sd_use_scalar(void);
 /* Calls fn(job, p) for every part p < parts on up to `threads` threads (gguf_threads.c). */
 typedef void (*part_fn)(const void *job, int part);
 void sd_run_parts(part_fn fn, const void *job, int parts, int threads);
