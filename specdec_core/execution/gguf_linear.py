@@ -86,13 +86,21 @@ class GGUFLinear(PreparedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        rows = x.reshape(-1, self.in_features).float()
-        if rows.stride(-1) != 1:
-            rows = rows.contiguous()
-        out = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32)
+        rows = x.reshape(-1, self.in_features)
+        if rows.dtype != torch.float32 or rows.stride(-1) != 1:
+            rows = rows.float().contiguous()
+        m = rows.shape[0]
+        out = torch.empty(m, self.out_features, dtype=torch.float32)
+        # straight to the library with the weights' addresses: a decode step makes ~200 of these
+        # calls, and ``gguf_kernels.gemm``'s checks of tensors fixed at preparation cost ~5 us each
+        lib, threads = gguf_kernels.library(), torch.get_num_threads()
+        x_ptr, out_ptr = rows.data_ptr(), out.data_ptr()
         col = 0
         for code, data, n in self.calls:
-            gguf_kernels.gemm(code, data, rows, out[:, col:col + n])
+            rc = lib.sd_gguf_gemm(code, data.data_ptr(), n, self.in_features, x_ptr, m, rows.stride(0),
+                                  out_ptr + 4 * col, out.stride(0), threads)
+            if rc != 0:
+                raise ValueError(f"the GGUF kernel refused type {code} with {self.in_features} inputs (rc {rc})")
             col += n
         if self.bias is not None:
             out += self.bias
