@@ -24,7 +24,10 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import torch
 
 SHAPE = (8960, 1536)
 
@@ -42,8 +45,10 @@ def interleaved(calls: dict[str, Callable[[], object]], repeats: int) -> dict[st
     return {name: (statistics.median(t), min(t)) for name, t in times.items()}
 
 
-def layer_bench(repeats: int) -> float:
-    """Prints the layer table; returns the best one-row Q4_K GB/s (the bandwidth reference)."""
+def layer_bench(repeats: int) -> tuple[float, Callable[[torch.Tensor], object], int]:
+    """Prints the layer table; returns the one-row Q4_K GB/s (the bandwidth reference), and a
+    call of the next Q4_K copy with its bytes (``step_bench`` streams the step's bytes through
+    it, interleaved with the steps)."""
     import numpy as np
     import torch
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -85,19 +90,19 @@ def layer_bench(repeats: int) -> float:
         print(f"| {m} | {cells} | {ratios} |", flush=True)
         if m == 1:
             best_gbs = nbytes["Q4_K"] / res["Q4_K"][0] / 1e6
-    return best_gbs
+    return best_gbs, lambda x: call("Q4_K", x), nbytes["Q4_K"]
 
 
-def step_bench(source: str | None, context: int, repeats: int, gbs: float) -> None:
+def step_bench(source: str | None, context: int, repeats: int, gbs: float,
+               probe: Callable[[torch.Tensor], object], probe_bytes: int) -> None:
     import torch
 
     from specdec_core.engine.config import default_cache_dir
     from specdec_core.execution import gguf_kernels
     from specdec_core.execution.gguf_linear import GGUFLinear
-    from specdec_core.execution.linear_kernels import RowInt8Linear
     from specdec_core.execution.kv_cache import blocks_for, region
+    from specdec_core.execution.linear_kernels import RowInt8Linear
     from specdec_core.execution.model_runner import ForwardItem, ModelRunner
-
     from specdec_core.loading.loader import load_model
 
     loaded = load_model(source, role="target", device="cpu", dtype="float32", cache_dir=default_cache_dir(), progress=True)
@@ -147,8 +152,17 @@ def step_bench(source: str | None, context: int, repeats: int, gbs: float) -> No
         one.setdefault("gguf", res["gguf"][0])
         print(f"| {label} | " + " | ".join(f"{res[m][0]:.1f} ({res[m][1]:.1f})" for m in ("int8", "gguf", "own"))
               + f" | {res['gguf'][0] / res['int8'][0]:.2f} |", flush=True)
+    # The floor in the same minutes as the step: the step's bytes streamed through one-row Q4_K
+    # calls (the layer table's), alternating with one-token steps. On this shared machine the
+    # bandwidth drifts by 30% between minutes, so a floor taken before the steps is not theirs.
+    calls = -(-read_bytes(runners["gguf"]) // probe_bytes)
+    x1 = torch.randn(1, SHAPE[1])
+    paired = interleaved({"step": lambda: runners["gguf"].forward(shapes["1 token"]),
+                          "floor": lambda: [probe(x1) for _ in range(calls)]}, repeats)
+    print(f"\ninterleaved: gguf one-token step {paired['step'][0]:.1f} ms, the same bytes through {calls} "
+          f"one-row Q4_K layer calls {paired['floor'][0]:.1f} ms: step / floor = {paired['step'][0] / paired['floor'][0]:.2f}")
     floor = read_bytes(runners["gguf"]) / gbs / 1e6
-    print(f"\ngguf one-token step {one['gguf']:.1f} ms; bytes / layer GB/s ({gbs:.1f}) = {floor:.1f} ms; "
+    print(f"gguf one-token step {one['gguf']:.1f} ms; bytes / layer GB/s ({gbs:.1f}) = {floor:.1f} ms; "
           f"step / floor = {one['gguf'] / floor:.2f}")
 
 
@@ -167,9 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     repo_root = str(Path(__file__).resolve().parent.parent)
     if repo_root not in sys.path:
         sys.path.insert(0, repo_root)
-    gbs = layer_bench(args.repeats)
+    gbs, probe, probe_bytes = layer_bench(args.repeats)
     if not args.layer_only:
-        step_bench(args.model, args.context, max(5, args.repeats // 3), gbs)
+        step_bench(args.model, args.context, max(5, args.repeats // 3), gbs, probe, probe_bytes)
     return 0
 
 
