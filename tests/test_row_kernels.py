@@ -60,10 +60,6 @@ def test_silu_mul_matches_torch(impl):
     assert torch.equal(row_kernels.silu_mul(gate_up[3:4])[0], got[3])
 
 
-def _sdpa_rows(q, keys, values, segments):
-    return attend_segments(q, keys, values, segments)
-
-
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(12, 2, 128), (14, 2, 64), (4, 4, 16), (9, 3, 64), (24, 2, 32)])
 def test_row_attention_matches_sdpa(impl, heads, kv_heads, head_dim):
     """Over tile boundaries (64 keys), GQA groups of 1 to 12 (over the 8 heads of one pass), gathered
@@ -76,7 +72,7 @@ def test_row_attention_matches_sdpa(impl, heads, kv_heads, head_dim):
     segments = [Segment(i, 1, 11 * i, n, None) for i, n in enumerate(lengths)]
     segments += [Segment(len(lengths) + i, 1, 0, n, None, gather, 0) for i, n in enumerate(lengths)]
     q = (torch.randn(len(segments), heads, head_dim, generator=g) * 2).transpose(0, 1)
-    ref = _sdpa_rows(q, keys, values, segments)
+    ref = attend_segments(q, keys, values, segments)  # torch SDPA, one call per segment
     multi, rows = split_single_rows(segments)
     assert multi == [] and rows is not None
     got = attend_segments(q, keys, values, multi, rows)

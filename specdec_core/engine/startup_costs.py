@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from specdec_core.engine.config import EngineConfig
-from specdec_core.execution import gguf_kernels
+from specdec_core.execution import gguf_kernels, row_kernels
 from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.loading.progress_log import phase
 from specdec_core.speculation.cost_cache import CostCache, machine, model_identity
@@ -38,7 +38,7 @@ def step_costs(config: EngineConfig, target: ModelRunner, draft: ModelRunner | N
         "draft": model_identity(draft_model.path) if draft_model is not None else None,
         "quantize": quantize,
         # the C kernels run the block layers (gguf) and the row-wise ops (CPU float32): a new build, new costs
-        "kernels": gguf_kernels.build() if quantize == "gguf" or target.row_attention else None,
+        "kernels": gguf_kernels.build() if quantize == "gguf" or row_kernels.supported(target.device, target.dtype) else None,
         "attention": target.attention, "path": target.path,
         "dtype": str(target.dtype), "device": target.device.type, "machine": machine(),
         "max_num_seqs": config.max_num_seqs, "tokens_per_seq": tokens_per_seq, "max_model_len": config.max_model_len,

@@ -13,8 +13,8 @@
   computed with, so a call shared by rows of several requests could not promise that.)
   Where the C kernels run (float32 on an AVX2 CPU), every one-row segment (a decode row, a
   draft) goes to one call per layer instead (``RowAttention``, ``csrc/row_attention.c``), which
-  computes each (row, head) alone: a torch call per row costs 80-110 us here, nearly all of it
-  per-op overhead, 28 of them per row in a step of the 1.5B.
+  computes each row's heads on their own: a torch call per row costs 80-165 us here, nearly all
+  of it per-op overhead, 28 of them per row in a step of the 1.5B.
 - **Packed** (the CUDA default): one call per layer for the whole forward. Every request is a
   group of up to ``q_max`` query rows over up to ``kv_max`` of its own keys, gathered through its
   block table, under a causal mask, so a draft row at position p sees keys 0..p as it would alone. On a

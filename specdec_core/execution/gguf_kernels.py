@@ -218,7 +218,15 @@ def gemm(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, out: torch.Tenso
         raise TypeError("gemm wants float32 activations/output and uint8 blocks")
     if x.stride(1) != 1 or out.stride(1) != 1 or not blocks.is_contiguous() or out.shape != (m, n):
         raise ValueError("gemm wants unit-stride rows, contiguous blocks and one output row per input row")
-    rc = library().sd_gguf_gemm(ggml_type, blocks.data_ptr(), n, k, x.data_ptr(), m, x.stride(0),
-                                out.data_ptr(), out.stride(0), threads or torch.get_num_threads())
+    gemm_at(ggml_type, blocks.data_ptr(), n, k, x.data_ptr(), m, x.stride(0), out.data_ptr(), out.stride(0),
+            threads or torch.get_num_threads())
+
+
+def gemm_at(code: int, weights: int, n: int, k: int, x: int, m: int, x_stride: int, out: int, out_stride: int,
+            threads: int) -> None:
+    """``gemm`` on addresses (float32 strides in elements), for callers whose tensors were
+    checked once: ``GGUFLinear`` makes ~200 calls per decode step, and ``gemm``'s checks cost
+    ~5 us each."""
+    rc = library().sd_gguf_gemm(code, weights, n, k, x, m, x_stride, out, out_stride, threads)
     if rc != 0:
-        raise ValueError(f"the GGUF kernel refused type {ggml_type} with {k} inputs (rc {rc})")
+        raise ValueError(f"the GGUF kernel refused type {code} with {k} inputs (rc {rc})")

@@ -91,16 +91,11 @@ class GGUFLinear(PreparedLinear):
             rows = rows.float().contiguous()
         m = rows.shape[0]
         out = torch.empty(m, self.out_features, dtype=torch.float32)
-        # straight to the library with the weights' addresses: a decode step makes ~200 of these
-        # calls, and ``gguf_kernels.gemm``'s checks of tensors fixed at preparation cost ~5 us each
-        lib, threads = gguf_kernels.library(), torch.get_num_threads()
-        x_ptr, out_ptr = rows.data_ptr(), out.data_ptr()
+        threads, x_ptr, out_ptr = torch.get_num_threads(), rows.data_ptr(), out.data_ptr()
         col = 0
-        for code, data, n in self.calls:
-            rc = lib.sd_gguf_gemm(code, data.data_ptr(), n, self.in_features, x_ptr, m, rows.stride(0),
-                                  out_ptr + 4 * col, out.stride(0), threads)
-            if rc != 0:
-                raise ValueError(f"the GGUF kernel refused type {code} with {self.in_features} inputs (rc {rc})")
+        for code, data, n in self.calls:  # the weights were checked when prepared
+            gguf_kernels.gemm_at(code, data.data_ptr(), n, self.in_features, x_ptr, m, rows.stride(0),
+                                 out_ptr + 4 * col, out.stride(0), threads)
             col += n
         if self.bias is not None:
             out += self.bias

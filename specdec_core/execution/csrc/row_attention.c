@@ -2,13 +2,14 @@
  * draft rows: every attention segment of one row).
  *
  * Why our own: on the 2-core dev machine a one-query torch call (scaled_dot_product_attention,
- * or bmm/softmax/bmm) costs 80-110 us for 12 heads over 256 keys, almost all of it per-op
+ * or bmm/softmax/bmm) costs 80-165 us for 12 heads over 256 keys, almost all of it per-op
  * overhead, and a step of the 1.5B makes 28 such calls per row (5 rows to verify 4 drafts). Here
  * one call per layer covers every single row of the forward.
  *
- * A row's result depends only on its own query, keys and values: each (row, head) is one part
- * computed by one thread with the same instruction sequence whatever the batch, so a draft row
- * gets exactly the bits the same token gets when it is decoded alone later.
+ * A row's result depends only on its own query, keys and values: each (row, key/value head) is
+ * one part computed by one thread, and each query head with the same instruction sequence
+ * whatever the batch, so a draft row gets exactly the bits the same token gets when it is
+ * decoded alone later.
  *
  * softmax(q.K^T * scale) V per head, with the exp of row_math.h (no libm call per key). */
 #include <math.h>

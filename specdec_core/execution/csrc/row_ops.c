@@ -13,7 +13,7 @@
 #include "gguf_kernels.h"
 #include "row_math.h"
 
-#define PARALLEL_ROWS 16 /* fewer rows than this run on the calling thread alone */
+#define PARALLEL_ROWS 16 /* fewer rows than this run on the calling thread alone (sd_run_parts with 1 thread) */
 
 typedef struct {
     const float *x, *w;
@@ -22,7 +22,9 @@ typedef struct {
     float eps;
 } norm_job;
 
-static void norm_row(const norm_job *j, int64_t r) {
+static void norm_row(const void *job, int part) {
+    const norm_job *j = job;
+    const int64_t r = part;
     const float *x = j->x + r * j->x_stride;
     float *out = j->out + r * j->out_stride;
     float lanes[8] = {0};
@@ -35,20 +37,11 @@ static void norm_row(const norm_job *j, int64_t r) {
     for (i = 0; i < j->n; i++) out[i] = j->w[i] * (x[i] * inv);
 }
 
-static void norm_part(const void *job, int part) {
-    const norm_job *j = job;
-    norm_row(j, part);
-}
-
 /* out[r] = w * x[r] / sqrt(mean(x[r]^2) + eps) for rows r < rows of n values. */
 void sd_rms_norm(const float *x, int64_t rows, int64_t n, int64_t x_stride, const float *w, float eps, float *out,
                  int64_t out_stride, int threads) {
     const norm_job job = {x, w, out, n, x_stride, out_stride, eps};
-    if (rows < PARALLEL_ROWS) {
-        for (int64_t r = 0; r < rows; r++) norm_row(&job, r);
-        return;
-    }
-    sd_run_parts(norm_part, &job, (int)rows, threads);
+    sd_run_parts(norm_row, &job, (int)rows, rows < PARALLEL_ROWS ? 1 : threads);
 }
 
 /* In place, for rows r < rows and heads h < heads of head_dim values at x + r * x_stride + h *
@@ -89,7 +82,9 @@ __attribute__((target("avx2,fma"))) static int64_t silu_avx2(const float *g, con
 }
 #endif
 
-static void silu_row(const silu_job *j, int64_t r) {
+static void silu_row(const void *job, int part) {
+    const silu_job *j = job;
+    const int64_t r = part;
     const float *g = j->gate_up + r * j->in_stride, *u = g + j->n;
     float *out = j->out + r * j->out_stride;
     int64_t i = 0;
@@ -99,18 +94,9 @@ static void silu_row(const silu_job *j, int64_t r) {
     for (; i < j->n; i++) out[i] = g[i] / (1.0f + exp_poly(-g[i])) * u[i];
 }
 
-static void silu_part(const void *job, int part) {
-    const silu_job *j = job;
-    silu_row(j, part);
-}
-
 /* out[r] = silu(gate) * up for rows r < rows of [gate (n values) | up (n values)]. */
 void sd_silu_mul(const float *gate_up, int64_t rows, int64_t n, int64_t in_stride, float *out, int64_t out_stride,
                  int threads) {
     const silu_job job = {gate_up, out, n, in_stride, out_stride};
-    if (rows < PARALLEL_ROWS) {
-        for (int64_t r = 0; r < rows; r++) silu_row(&job, r);
-        return;
-    }
-    sd_run_parts(silu_part, &job, (int)rows, threads);
+    sd_run_parts(silu_row, &job, (int)rows, rows < PARALLEL_ROWS ? 1 : threads);
 }
