@@ -39,7 +39,9 @@ def model(request, tiny_model_factory):
 def test_bucketed_forwards_equal_the_eager_packed_forward(model, quantize: str) -> None:
     """Prefill three requests eagerly, then decode and verify random subsets of them (groups
     padded 3 -> 4, 5 -> 8, tokens to groups x (1 + k), keys across a bucket boundary) in both
-    runners: every logit equal, and the bucketed runner really ran padded shapes."""
+    runners: every logit equal, and the bucketed runner really ran padded shapes. A bucket pads
+    each request's queries to 1 or 1 + K; a packed call's rows depend on that width (CPU SDPA),
+    so every verifying forward here has one request with K drafts, as the eager call then has."""
     vocab = model.config.vocab_size
     eager = slot_runner(model, 6, MAX_LEN, vocab_size=vocab, quantize=quantize, attention="packed")
     padded = slot_runner(model, 6, MAX_LEN, vocab_size=vocab, quantize=quantize, attention="packed", graphs=(6, K + 1))
@@ -52,9 +54,11 @@ def test_bucketed_forwards_equal_the_eager_packed_forward(model, quantize: str) 
     buckets = set()
     for _ in range(24):
         batch = sorted(rng.sample(range(5), rng.choice([1, 2, 3, 5])))
+        drafts = [rng.randrange(K + 1) for _ in batch]
+        if any(drafts):  # a bucket gives every request 1 or 1 + K query slots: the eager call's shape
+            drafts[rng.randrange(len(drafts))] = K
         items = []
-        for i in batch:
-            k = rng.randrange(K + 1)
+        for i, k in zip(batch, drafts):
             items.append(ForwardItem(region(i, MAX_LEN), lengths[i], [rng.randrange(vocab) for _ in range(1 + k)],
                                      1 + k, num_drafts=k))
         a, b = eager.forward(items), padded.forward(items)

@@ -94,9 +94,14 @@ class EngineConfig:
     # On a GPU a decode step is bound by kernel launches: replaying a captured graph costs one.
     decode_graphs: Literal["auto", "on", "off"] = field(default="auto", metadata=_flag(
         "run decode, verification and draft-position forwards in bucketed static shapes (requests padded to "
-        "1/2/4/8/16/24/..., keys to a power of two), captured as CUDA graphs per bucket on first use and replayed "
+        "1/2/4/8/16/24/..., queries to 1 or 1 + k, keys to a power of two), captured as CUDA graphs per bucket (at start-up up to "
+        "--graph-capture-len keys, the rest on first use) and replayed "
         "(vLLM's --enforce-eager is 'off'); needs packed attention and a Llama-family model; on the CPU 'on' runs "
         "the same shapes eagerly (slower: for checking them); auto = on with CUDA, off on the CPU"))
+    graph_capture_len: int = field(default=4096, metadata=_flag(
+        "with decode graphs on CUDA: capture every bucket whose keys fit this many tokens at start-up, so that no "
+        "request's step pays for a capture (vLLM's max_seq_len_to_capture); longer forwards are captured on first "
+        "use; 0 = all on first use", minimum=0))
     max_num_seqs: int = field(default=8, metadata=_flag("requests decoded together in one batch", minimum=1))
     # None: the model's own context length (max_position_embeddings), lowered to what the KV pool
     # holds; the engine writes the value it runs with back here (``kv_sizing``).

@@ -21,7 +21,6 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -52,9 +51,6 @@ from specdec_core.speculation.draft_model import DraftModelProposer
 from specdec_core.speculation.ngram import NgramProposer
 from specdec_core.speculation.policy import LookupProposer, SpeculationPolicy
 from specdec_core.speculation.suffix import SuffixProposer
-
-if TYPE_CHECKING:  # the loader is imported where models are loaded (it pulls in transformers)
-    pass
 
 log = logging.getLogger("specdec.engine")
 
@@ -118,20 +114,21 @@ class Engine:
 
         graphs = config.decode_graphs == "on" or (config.decode_graphs == "auto" and param.device.type == "cuda")
         buckets = (config.max_num_seqs, self.num_speculative_tokens + 1) if graphs else None
+        captured = " and CUDA graphs" if graphs and param.device.type == "cuda" else ""
 
         def runner(model: HFModule, head_rows: list[int] | None = None) -> ModelRunner:
             return ModelRunner(model, self.kv.num_blocks, self.kv.block_size, self.max_model_len, vocab, self.quantize,
                                release_weights=owns_models, head_rows=head_rows, attention=config.attention,
-                               graphs=buckets)
+                               graphs=buckets, capture_len=config.graph_capture_len)
 
-        with phase(log, f"preparing {self.quantize} kernels for the target model"):
+        with phase(log, f"preparing {self.quantize} kernels{captured} for the target model"):
             self.target = runner(target.model)
         if config.decode_graphs == "on" and self.target.graphs is None:
             raise ValueError("--decode-graphs on needs packed attention (--attention packed) and a Llama-family model")
         self.draft_runner = None
         if draft is not None:
             head = frequent_token_ids(self.tokenizer, config.draft_vocab_size, vocab, self.eos_ids)
-            with phase(log, f"preparing {self.quantize} kernels for the draft model"):
+            with phase(log, f"preparing {self.quantize} kernels{captured} for the draft model"):
                 self.draft_runner = runner(draft.model, head)
         self.drafter = DraftModelProposer(self.draft_runner) if self.draft_runner is not None else None
         self.ngram = NgramProposer(config.ngram_min, config.ngram_max) if method in ("ngram", "auto") else None
@@ -144,7 +141,7 @@ class Engine:
         self.speculative_step = SpeculativeStep(self.target, self.drafter, lookups)
         log.info("execution: target %s path, draft %s, quantize=%s, decode graphs %s", self.target.path,
                  self.draft_runner.path if self.draft_runner else "none", self.quantize,
-                 ("captured per bucket" if self.target.device.type == "cuda" else "padded, eager")
+                 ("captured per bucket" if captured else "padded, eager")
                  if self.target.graphs is not None else "off")
         self.scheduler = Scheduler(config.max_num_seqs, config.prefill_chunk_size, BlockPool(self.kv.num_blocks),
                                    self.kv.block_size, config.enable_prefix_caching)

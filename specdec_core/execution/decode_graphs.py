@@ -108,10 +108,32 @@ class DecodeGraphs:
 
     def bucket(self, groups: int, q_max: int, kv_max: int) -> Bucket | None:
         """The bucket of a forward of ``groups`` requests feeding at most ``q_max`` tokens over
-        at most ``kv_max`` keys (already a ``kv_bucket``), or None: it runs eagerly."""
+        at most ``kv_max`` keys (already a ``kv_bucket``), or None: it runs eagerly.
+
+        Queries come in two sizes, 1 (decode, a draft position) and ``max_q`` (verification):
+        the policy picks 0..k drafts per request and step, and a graph per k would be captured
+        while serving. Measured on an H100 (``clients/cuda_check.py``), the default target's
+        forward costs the same for 1 to 5 tokens per request, so the padding is nearly free."""
         if q_max > self.max_q or groups > self.batches[-1]:
             return None
-        return Bucket(next(b for b in self.batches if b >= groups), q_max, kv_max)
+        return Bucket(next(b for b in self.batches if b >= groups), 1 if q_max == 1 else self.max_q, kv_max)
+
+    def capture_all(self, kv_limit: int, block_size: int, max_len: int) -> int:
+        """Capture every bucket whose keys fit ``kv_limit`` now, at start-up, rather than on
+        first use while serving (a capture costs tens of ms, and it would land on some
+        request's step); longer ones are still captured on first use. Returns how many."""
+        if not self.capture:
+            return 0
+        kvs: list[int] = []
+        kv = kv_bucket(1, block_size, max_len)
+        while kv <= kv_limit and (not kvs or kv > kvs[-1]):
+            kvs.append(kv)
+            kv = kv_bucket(kv + 1, block_size, max_len)
+        for groups in self.batches:
+            for q in sorted({1, self.max_q}):
+                for kv in kvs:
+                    self._static_for(Bucket(groups, q, kv))
+        return len(self._static)
 
     @property
     def buckets_used(self) -> list[Bucket]:
@@ -121,15 +143,7 @@ class DecodeGraphs:
     def run(self, bucket: Bucket, ids: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Hidden states ``[bucket.tokens, hidden]`` of the real tokens ``ids`` (first) and
         padding; ``index`` holds the planned ``INDEX_FIELDS``, padded, in buffer order."""
-        static = self._static.get(bucket)
-        if static is None:
-            static = self._static[bucket] = _Static(bucket, self.cache.scratch_row, self.cache.device)
-            if self.capture:  # captured while every buffer is padding: the warm-up writes only scratch
-                try:
-                    self._capture(bucket, static)
-                except RuntimeError as exc:  # never run on a GPU here: a failure costs speed, not the server
-                    log.warning("CUDA graph capture failed (%s); decode forwards run eagerly from now on", exc)
-                    self.capture, static.graph, static.hidden = False, None, None
+        static = self._static_for(bucket)
         real = ids.shape[0]
         static.ids[:real].copy_(ids)
         if real < bucket.tokens:
@@ -140,6 +154,19 @@ class DecodeGraphs:
         static.graph.replay()
         assert static.hidden is not None
         return static.hidden
+
+    def _static_for(self, bucket: Bucket) -> _Static:
+        """The bucket's buffers, made (and on CUDA captured) on first use."""
+        static = self._static.get(bucket)
+        if static is None:
+            static = self._static[bucket] = _Static(bucket, self.cache.scratch_row, self.cache.device)
+            if self.capture:  # captured while every buffer is padding: the warm-up writes only scratch
+                try:
+                    self._capture(bucket, static)
+                except RuntimeError as exc:  # a failure costs speed, not the server
+                    log.warning("CUDA graph capture failed (%s); decode forwards run eagerly from now on", exc)
+                    self.capture, static.graph, static.hidden = False, None, None
+        return static
 
     def _body(self, bucket: Bucket, static: _Static) -> torch.Tensor:
         """The captured work: the layers over the static buffers."""
