@@ -15,7 +15,7 @@ from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.speculation.acceptance import expected_tokens
 from specdec_core.speculation.cost_model import CostTable, StepCostModel
 from specdec_core.speculation.ngram_index import NgramIndex
-from specdec_core.speculation.policy import SpeculationPolicy
+from specdec_core.speculation.policy import PROBE_INTERVAL, SpeculationPolicy
 
 # Step costs measured on the 2-core CPU (ms): the 1.5B int8 target by tokens in the step, the
 # 0.5B int8 draft by requests in one draft forward (clients/step_costs.py).
@@ -228,3 +228,21 @@ def test_a_lagging_draft_cache_is_charged_to_the_steps_it_serves():
     assert plan([fresh]) == [4]
     assert plan([lagging]) == [4]  # 100 tokens left share the catch-up
     assert plan([ending]) == [0]
+
+
+def test_a_probe_never_catches_a_lagging_draft_cache_up():
+    """A request the draft model does not pay for probes one draft every PROBE_INTERVAL passes,
+    but only while the draft's cache is current: catching it up first costs an eager forward over
+    every token since the draft last ran (100-140 ms on an H100, 20-30 decode steps)."""
+    current, lagging, lookup = request(0.1), request(0.1), request(0.0, source="ngram")
+    current.draft_computed = current.num_computed  # the draft has every token but the one to feed
+    for req in (lagging, lookup):
+        req.all_ids = list(range(60))
+        req.num_computed = 59  # 59 tokens cached in the target, none in the draft
+    for req in (current, lagging, lookup):
+        req.stats.verify_steps = PROBE_INTERVAL - 1
+    assert plan([current]) == [1] and plan([lagging]) == [0]
+    # A lookup has no cache to catch up: it is probed whatever the draft's lag (here where
+    # verifying costs so much that no lookup pays).
+    costly = StepCostModel(CostTable([1, 5], [10.0, 50.0]), CostTable([1, 16], [20.0, 48.0]))
+    assert plan([lookup], costly, method="ngram") == [1]

@@ -90,7 +90,7 @@ class SpeculationPolicy:
             self._optimise(choices, free)
         for c in choices:
             req = c.item.request
-            if c.k == 0 and self.adaptive and not c.fixed and self._probe_due(req, c.source, c.alpha, c.cap):
+            if c.k == 0 and self.adaptive and not c.fixed and c.lag == 0 and self._probe_due(req, c.source, c.alpha, c.cap):
                 c.k = 1
             c.item.num_drafts = c.k
             c.item.source = c.source if c.k else None
@@ -142,7 +142,11 @@ class SpeculationPolicy:
 
     def _probe_due(self, req: Request, source: Source, alpha: float, cap: int) -> bool:
         """A request speculation does not pay for keeps learning: one draft every
-        ``PROBE_INTERVAL`` of its verify passes, only while even alone it would choose none."""
+        ``PROBE_INTERVAL`` of its verify passes, only while even alone it would choose none.
+        ``plan`` probes the draft model only where its cache is current: a probe that first
+        catches the cache up is one eager forward over every token since the draft last ran,
+        measured on an H100 at 100-140 ms, 20-30 decode steps (``clients/cuda_check.py``),
+        which no single probed token repays."""
         return (req.stats.verify_steps % PROBE_INTERVAL == PROBE_INTERVAL - 1
                 and self._solo_best(source, alpha, cap) == 0)
 
