@@ -114,22 +114,25 @@ class Engine:
 
         graphs = config.decode_graphs == "on" or (config.decode_graphs == "auto" and param.device.type == "cuda")
         buckets = (config.max_num_seqs, self.num_speculative_tokens + 1) if graphs else None
-        captured = " and CUDA graphs" if graphs and param.device.type == "cuda" else ""
+        capture = graphs and param.device.type == "cuda"
 
         def runner(model: HFModule, head_rows: list[int] | None = None) -> ModelRunner:
             return ModelRunner(model, self.kv.num_blocks, self.kv.block_size, self.max_model_len, vocab, self.quantize,
                                release_weights=owns_models, head_rows=head_rows, attention=config.attention,
-                               graphs=buckets, capture_len=config.graph_capture_len)
+                               graphs=buckets)
 
-        with phase(log, f"preparing {self.quantize} kernels{captured} for the target model"):
+        with phase(log, f"preparing {self.quantize} kernels for the target model"):
             self.target = runner(target.model)
         if config.decode_graphs == "on" and self.target.graphs is None:
             raise ValueError("--decode-graphs on needs packed attention (--attention packed) and a Llama-family model")
         self.draft_runner = None
         if draft is not None:
             head = frequent_token_ids(self.tokenizer, config.draft_vocab_size, vocab, self.eos_ids)
-            with phase(log, f"preparing {self.quantize} kernels{captured} for the draft model"):
+            with phase(log, f"preparing {self.quantize} kernels for the draft model"):
                 self.draft_runner = runner(draft.model, head)
+        for role, r in ((n, x) for n, x in (("target", self.target), ("draft", self.draft_runner)) if x is not None and capture):
+            with phase(log, f"capturing the {role} model's decode graphs up to {config.graph_capture_len} keys"):
+                r.capture_graphs(config.graph_capture_len)  # after every KV cache is allocated
         self.drafter = DraftModelProposer(self.draft_runner) if self.draft_runner is not None else None
         self.ngram = NgramProposer(config.ngram_min, config.ngram_max) if method in ("ngram", "auto") else None
         self.suffix = SuffixProposer(config.suffix_depth, config.suffix_cache_tokens) if method in ("suffix", "auto") else None
@@ -141,7 +144,7 @@ class Engine:
         self.speculative_step = SpeculativeStep(self.target, self.drafter, lookups)
         log.info("execution: target %s path, draft %s, quantize=%s, decode graphs %s", self.target.path,
                  self.draft_runner.path if self.draft_runner else "none", self.quantize,
-                 ("captured per bucket" if captured else "padded, eager")
+                 ("captured per bucket" if capture else "padded, eager")
                  if self.target.graphs is not None else "off")
         self.scheduler = Scheduler(config.max_num_seqs, config.prefill_chunk_size, BlockPool(self.kv.num_blocks),
                                    self.kv.block_size, config.enable_prefix_caching)

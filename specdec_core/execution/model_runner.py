@@ -77,14 +77,14 @@ class ModelRunner:
     def __init__(self, model: HFModule, num_blocks: int, block_size: int, max_len: int, vocab_size: int,
                  quantize: Quantize = "none", release_weights: bool = False,
                  head_rows: list[int] | None = None, attention: Attention = "auto",
-                 graphs: tuple[int, int] | None = None, capture_len: int = 0) -> None:
+                 graphs: tuple[int, int] | None = None) -> None:
         """``num_blocks`` x ``block_size``: the KV pool (``kv_cache``); ``max_len``: the longest
         request (positions the rotary table covers).
         ``release_weights``: the runner owns ``model`` and may free the original weights it
         has copied into prepared kernels (halves peak memory); leave it off for shared models.
         ``graphs``: (most requests, most tokens per request) of the forwards to run in bucketed
-        static shapes (``decode_graphs``; packed attention only), captured as CUDA graphs on a GPU;
-        those over at most ``capture_len`` keys now, the others on first use.
+        static shapes (``decode_graphs``; packed attention only), captured as CUDA graphs on a GPU
+        (``capture_graphs``, or on first use).
         ``head_rows``: score only these token ids (``draft_vocab``); every other logit is -inf,
         so whatever is sampled from the logits has probability 0 outside them."""
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -112,7 +112,15 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         if graphs is not None and self.native is not None and self.attention == "packed":
             self.graphs = DecodeGraphs(self.native, self.cache, graphs[0], graphs[1], capture=self.device.type == "cuda")
-            self.graphs.capture_all(min(capture_len, max_len), block_size, max_len)
+
+    def capture_graphs(self, capture_len: int) -> int:
+        """Capture the decode graphs over at most ``capture_len`` keys now (CUDA; see
+        ``DecodeGraphs.capture_all``). Called once every model's KV cache is allocated, so
+        that the graphs' memory pool cannot take what a cache was sized to get."""
+        if self.graphs is None:
+            return 0
+        bs = self.cache.block_size
+        return self.graphs.capture_all(min(capture_len, self.max_len), bs, self.max_len)
 
     def _prepare(self, model: HFModule, quantize: Quantize, max_len: int, release_weights: bool,
                  head_rows: list[int] | None) -> None:
