@@ -64,14 +64,16 @@ def build_models(configs: Path, out: Path, device: str, tiny: bool = False, seed
         cfg = AutoConfig.from_pretrained(configs / role)
         if tiny:
             cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_hidden_layers = 64, 128, 4, 2
-            cfg.layer_types = cfg.layer_types[:2]
+            cfg.num_key_value_heads = 2
+            if getattr(cfg, "layer_types", None):
+                cfg.layer_types = cfg.layer_types[:2]
         torch.manual_seed(seed)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
         path = out / role
         model.save_pretrained(path)
         for f in (configs / role).iterdir():
-            if f.name != "config.json":
+            if f.name != "config.json" and not f.name.startswith("model"):  # tokenizer files, not weights
                 shutil.copy(f, path / f.name)
         if not (path / "tokenizer.json").exists():
             shutil.copy(configs / "target" / "tokenizer.json", path / "tokenizer.json")
@@ -157,7 +159,7 @@ def run(engine: Any, batch: int, max_tokens: int, device: str, probe_at: int | N
     steady = [s for s in steps[4:] if s == s]
     total = sum(len(t) for t in tokens.values())
     slow = sorted(((s, i) for i, s in enumerate(steps) if s == s), reverse=True)[:5]
-    return {"tokens": tokens, "margins": margins, "steps": len(steps),
+    return {"tokens": tokens, "margins": margins, "completion_tokens": total, "steps": len(steps),
             "slowest_steps": [(i, round(1000 * s, 1)) for s, i in slow], "wall_s": wall, "tok_per_s": total / wall,
             "step_ms_median": 1000 * statistics.median(steady) if steady else None,
             "step_ms_min": 1000 * min(steady) if steady else None,
