@@ -242,6 +242,13 @@ def test_a_probe_never_catches_a_lagging_draft_cache_up():
     for req in (current, lagging, lookup):
         req.stats.verify_steps = PROBE_INTERVAL - 1
     assert plan([current]) == [1] and plan([lagging]) == [0]
+    # The same for a seeded sampled request, whose k comes from its own history alone.
+    seeded_current, seeded_lagging = request(0.1, seed=7, temperature=0.8), request(0.1, seed=7, temperature=0.8)
+    seeded_current.draft_computed = seeded_current.num_computed
+    seeded_lagging.all_ids, seeded_lagging.num_computed = list(range(60)), 59
+    for req in (seeded_current, seeded_lagging):
+        req.stats.verify_steps = PROBE_INTERVAL - 1
+    assert plan([seeded_current]) == [1] and plan([seeded_lagging]) == [0]
     # A lookup has no cache to catch up: it is probed whatever the draft's lag (here where
     # verifying costs so much that no lookup pays).
     costly = StepCostModel(CostTable([1, 5], [10.0, 50.0]), CostTable([1, 16], [20.0, 48.0]))

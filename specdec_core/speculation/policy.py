@@ -83,14 +83,13 @@ class SpeculationPolicy:
             if not self.adaptive:
                 c.k = c.cap
             elif c.item.request.seeded:
-                c.k, c.fixed = self.solo_k(c.item.request, c.source, c.alpha, c.cap), True
+                c.k, c.fixed = self.solo_k(c), True
             else:
                 free.append(c)
         if free:
             self._optimise(choices, free)
         for c in choices:
-            req = c.item.request
-            if c.k == 0 and self.adaptive and not c.fixed and c.lag == 0 and self._probe_due(req, c.source, c.alpha, c.cap):
+            if c.k == 0 and self.adaptive and not c.fixed and self._probe_due(c):
                 c.k = 1
             c.item.num_drafts = c.k
             c.item.source = c.source if c.k else None
@@ -123,10 +122,10 @@ class SpeculationPolicy:
             source, cap = max(options, key=lambda o: self._solo_value(o[0], req.alpha(o[0]), o[1]))
         return _Choice(item, source, req.alpha(source), cap)
 
-    def solo_k(self, req: Request, source: Source, alpha: float, cap: int) -> int:
+    def solo_k(self, c: _Choice) -> int:
         """k from the request's own history and the start-up costs: independent of the batch."""
-        k = self._solo_best(source, alpha, cap)
-        if k == 0 and self._probe_due(req, source, alpha, cap):
+        k = self._solo_best(c.source, c.alpha, c.cap)
+        if k == 0 and self._probe_due(c):
             return 1
         return k
 
@@ -140,15 +139,16 @@ class SpeculationPolicy:
         draft = k * self.costs.draft(1, frozen=True) if source == "draft" else 0.0
         return expected_tokens(alpha, k) / (self.costs.target(1 + k, frozen=True) + draft)
 
-    def _probe_due(self, req: Request, source: Source, alpha: float, cap: int) -> bool:
+    def _probe_due(self, c: _Choice) -> bool:
         """A request speculation does not pay for keeps learning: one draft every
         ``PROBE_INTERVAL`` of its verify passes, only while even alone it would choose none.
-        ``plan`` probes the draft model only where its cache is current: a probe that first
-        catches the cache up is one eager forward over every token since the draft last ran,
-        measured on an H100 at 100-140 ms, 20-30 decode steps (``clients/cuda_check.py``),
-        which no single probed token repays."""
-        return (req.stats.verify_steps % PROBE_INTERVAL == PROBE_INTERVAL - 1
-                and self._solo_best(source, alpha, cap) == 0)
+        The draft model is probed only where its cache is current (``lag`` 0; a lookup's is
+        always 0): a probe that first catches the cache up is one eager forward over every token
+        since the draft last ran, measured on an H100 at 100-140 ms, 20-30 decode steps
+        (``clients/cuda_check.py``), which no single probed token repays. The lag is the
+        request's own history, so a seeded request's k stays independent of the batch."""
+        return (c.lag == 0 and c.item.request.stats.verify_steps % PROBE_INTERVAL == PROBE_INTERVAL - 1
+                and self._solo_best(c.source, c.alpha, c.cap) == 0)
 
     # ------------------------------------------------------------------ the batch
 
