@@ -235,7 +235,7 @@ class ModelRunner:
         kv_max = kv_bucket(max(it.start + len(it.tokens) for it in items), bs, self.max_len)
         bucket = self.graphs.bucket(len(items), q_max, kv_max) if self.graphs is not None else None
         shape = bucket or Bucket(len(items), q_max, kv_max)
-        q_max = shape.q  # a bucket may give each request more query slots than it has tokens
+        q = shape.q  # query slots per request: a bucket may give more than q_max
         lists = self._token_lists(items)
         q_gather: list[int] = []
         q_pos: list[int] = []
@@ -246,11 +246,11 @@ class ModelRunner:
         for g, it in enumerate(items):
             n = len(it.tokens)
             keys = token_rows(it.blocks, bs, 0, it.start + n)
-            q_gather += [row + min(i, n - 1) for i in range(q_max)]
-            q_pos += [it.start + i if i < n else 0 for i in range(q_max)]
+            q_gather += [row + min(i, n - 1) for i in range(q)]
+            q_pos += [it.start + i if i < n else 0 for i in range(q)]
             k_gather += keys + [keys[0]] * (kv_max - len(keys))  # padding keys are masked out
-            out_rows += range(g * q_max, g * q_max + n)
-            spare += range(g * q_max + n, (g + 1) * q_max)
+            out_rows += range(g * q, g * q + n)
+            spare += range(g * q + n, (g + 1) * q)
             row += n
         num_logits = len(lists["logit_rows"])
         refs = {"ids": upload.ints(lists["ids"]), "logit_rows": upload.ints(lists["logit_rows"])}
@@ -261,10 +261,10 @@ class ModelRunner:
             return plan
         # Padding: tokens at position 0 writing to the scratch block; groups over scratch keys.
         scratch, pad, extra = self.cache.scratch_row, bucket.tokens - row, bucket.groups - len(items)
-        spare += range(len(items) * q_max, bucket.tokens)
+        spare += range(len(items) * q, bucket.tokens)
         refs["index"] = upload.ints(
-            lists["pos"] + [0] * pad + lists["write"] + [scratch] * pad + q_gather + [0] * (extra * q_max)
-            + q_pos + [0] * (extra * q_max) + k_gather + [scratch] * (extra * kv_max) + out_rows + spare)
+            lists["pos"] + [0] * pad + lists["write"] + [scratch] * pad + q_gather + [0] * (extra * q)
+            + q_pos + [0] * (extra * q) + k_gather + [scratch] * (extra * kv_max) + out_rows + spare)
         return plan
 
     def _native_batch(self, plan: ForwardPlan, upload: HostUpload, ids: torch.Tensor) -> Batch:
