@@ -98,13 +98,15 @@ def make_engine(models: dict[str, Any], method: str, batch: int, k: int, graphs:
 
 
 class CaptureClock:
-    """Counts and times CUDA graph captures (``DecodeGraphs._capture``) while installed."""
+    """Counts and times CUDA graph captures (``DecodeGraphs._capture``) inside ``with``."""
 
     def __init__(self) -> None:
+        self.count, self.seconds = 0, 0.0
+
+    def __enter__(self) -> CaptureClock:
         from specdec_core.execution.decode_graphs import DecodeGraphs
 
-        self.count, self.seconds = 0, 0.0
-        real = DecodeGraphs._capture
+        self._real = real = DecodeGraphs._capture
 
         def timed(graphs: Any, *args: Any) -> None:
             t0 = time.perf_counter()
@@ -114,6 +116,12 @@ class CaptureClock:
                 self.count += 1
                 self.seconds += time.perf_counter() - t0
         DecodeGraphs._capture = timed  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from specdec_core.execution.decode_graphs import DecodeGraphs
+
+        DecodeGraphs._capture = self._real  # type: ignore[method-assign]
 
     def take(self) -> tuple[int, float]:
         out = (self.count, self.seconds)
@@ -247,12 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                               "torch": torch.__version__, "cuda": torch.version.cuda}
     print(json.dumps(report), flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, CaptureClock() as captures:
         paths = build_models(args.configs, args.models_dir or Path(tmp), device, args.tiny)
         models = {role: load_model(str(path), role=role, device=device, dtype="bfloat16", cache_dir=Path(tmp),
                                    progress=False) for role, path in paths.items()}
         rows = []
-        captures = CaptureClock()
         for batch in (int(b) for b in args.batches.split(",")):
             ref: dict[str, list[int]] | None = None
             ref_margins: dict[str, list[float]] | None = None
