@@ -80,6 +80,16 @@ class EngineCollector(Collector):
         rate = acceptance_rate(m.total_accepted_tokens, m.total_draft_tokens)
         yield _gauge("spec_decode_acceptance_rate", "Accepted / proposed draft tokens since start", rate, model)
         yield _accepted_histogram(list(m.accepted_histogram), model)
+        # Which proposer 'auto' chose and what each kept, and where a step's time went: what
+        # shows whether speculation pays on a server's own traffic (and which proposer did).
+        yield _by_source("spec_decode_draft_tokens_by_source", "Draft tokens proposed, by proposer",
+                         m.draft_tokens_by_source, model)
+        yield _by_source("spec_decode_accepted_tokens_by_source", "Draft tokens accepted, by proposer",
+                         m.accepted_tokens_by_source, model)
+        yield _counter("spec_decode_draft_seconds", "Seconds spent in draft-model forwards and draws",
+                       m.total_draft_seconds, model)
+        yield _counter("target_forward_seconds", "Seconds spent in target forwards (prefill, decode, verification)",
+                       m.total_target_seconds, model)
 
 
 def _gauge(name: str, doc: str, value: float, model: str) -> GaugeMetricFamily:
@@ -91,6 +101,13 @@ def _gauge(name: str, doc: str, value: float, model: str) -> GaugeMetricFamily:
 def _counter(name: str, doc: str, value: float, model: str) -> CounterMetricFamily:
     c = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=[MODEL_LABEL])
     c.add_metric([model], float(value))
+    return c
+
+
+def _by_source(name: str, doc: str, values: dict[str, int], model: str) -> CounterMetricFamily:
+    c = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=[MODEL_LABEL, "source"])
+    for source, value in sorted(dict(values).items()):  # a copy: the engine thread may add a source
+        c.add_metric([model, source], float(value))
     return c
 
 

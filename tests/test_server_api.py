@@ -264,6 +264,10 @@ def test_metrics_exported(http: httpx.Client) -> None:
         "specdec_spec_decode_num_draft_tokens_total",
         "specdec_spec_decode_num_accepted_tokens_total",
         "specdec_spec_decode_acceptance_rate",
+        "specdec_spec_decode_draft_tokens_by_source_total",
+        "specdec_spec_decode_accepted_tokens_by_source_total",
+        "specdec_spec_decode_draft_seconds_total",
+        "specdec_target_forward_seconds_total",
         'specdec_spec_decode_accepted_length_bucket{le="+Inf",model_name="tiny"}',
         'specdec_num_requests_waiting{model_name="tiny"}',
         'specdec_request_queue_time_seconds_count{model_name="tiny"}',
@@ -276,6 +280,10 @@ def test_metrics_exported(http: httpx.Client) -> None:
         assert metric_value(text, name) is not None, f"{name} missing from /metrics"
     assert metric_value(text, "specdec_generation_tokens_total") > 0
     assert metric_value(text, "specdec_spec_decode_num_draft_tokens_total") > 0
+    by_source = [line for line in text.splitlines() if line.startswith("specdec_spec_decode_draft_tokens_by_source_total{")]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in by_source) == metric_value(
+        text, "specdec_spec_decode_num_draft_tokens_total"), by_source
+    assert metric_value(text, "specdec_target_forward_seconds_total") > 0
     assert metric_value(text, "specdec_time_to_first_token_seconds_count") >= 1
     assert metric_value(text, "specdec_inter_token_latency_seconds_count") >= 1
     assert 0.0 <= metric_value(text, "specdec_kv_cache_usage_perc") <= 1.0
