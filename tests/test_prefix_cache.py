@@ -132,6 +132,11 @@ def test_usage_reports_the_cached_prompt_tokens_as_openai_does(small_chunks):
                      {"role": "user", "content": "And def mul(a, b): return a + b"}]
     follow = client.chat.completions.create(model="tiny", messages=longer, max_tokens=8, temperature=0)
     assert follow.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 16
+    # vLLM's cache_salt: the same history under a salt starts cold, then finds its own blocks
+    salted = [client.chat.completions.create(model="tiny", messages=turn, max_tokens=8, temperature=0,
+                                             extra_body={"cache_salt": "tenant-a"}) for _ in range(2)]
+    assert [r.usage.prompt_tokens_details.cached_tokens for r in salted] == [0, cached]
+    assert salted[1].choices[0].message.content == first.choices[0].message.content
 
 
 def test_a_prefix_shorter_than_a_chunk_is_reused_block_by_block(pair):
@@ -169,3 +174,19 @@ def test_a_prompt_block_has_the_same_rows_however_the_prompt_is_chunked(tiny_tar
         rows = [runner.forward([ForwardItem(region(0, 640), a, prompt[a:b], b - a)]) for a, b in zip(cuts, cuts[1:])]
         runs.append(torch.cat(rows))
     assert all(torch.equal(runs[0], other) for other in runs[1:])
+
+
+def test_a_cache_salt_shares_blocks_only_with_the_same_salt(pair):
+    """vLLM's ``cache_salt``: a salted prompt neither finds an unsalted or differently salted
+    prefix nor leaves one for them; with the same salt it is reused, and the output is unchanged."""
+    first, second = prompts(3)
+    greedy = {"max_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+    want = run_one(engine(pair, caching=False), second, SamplingParams(**greedy)).output_ids
+    eng = engine(pair, caching=True)
+    run_one(eng, first, SamplingParams(**greedy, cache_salt="tenant-a"))
+    got = run_one(eng, second, SamplingParams(**greedy, cache_salt="tenant-a"))
+    assert got.stats.cached_tokens == 3 * CHUNK and got.output_ids == want
+    for salt in (None, "tenant-b"):  # tenant-a's blocks of both prompts are cached now
+        assert run_one(eng, second, SamplingParams(**greedy, cache_salt=salt)).stats.cached_tokens == 0
+    with pytest.raises(ValueError, match="cache_salt"):
+        SamplingParams(cache_salt="")

@@ -126,6 +126,9 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     ("speculative-contradiction", C, {**P, "speculative": False, "num_speculative_tokens": 3}, 400, "num_speculative_tokens", None),
     ("num-speculative-negative", C, {**P, "num_speculative_tokens": -1}, 400, "num_speculative_tokens", None),
     ("speculative-type", CHAT, {**M, "speculative": "off"}, 400, "speculative", None),
+    ("cache-salt-empty", C, {**P, "cache_salt": ""}, 400, "cache_salt", None),
+    ("cache-salt-too-long", CHAT, {**M, "cache_salt": "s" * 1025}, 400, "cache_salt", None),
+    ("cache-salt-type", CHAT, {**M, "cache_salt": 7}, 400, "cache_salt", None),
 ]
 
 

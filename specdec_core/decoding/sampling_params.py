@@ -38,7 +38,8 @@ class SamplingParams:
     A ``temperature`` below ``GREEDY_BELOW`` (1e-5) is greedy, as 0 is. ``provenance``: each
     delta also splits its text into pieces by the source of the token that wrote it (see
     ``specdec_core.engine.provenance``); it costs one detokenizer call per token, so it is off
-    unless asked for, and it never changes the tokens or the text.
+    unless asked for, and it never changes the tokens or the text. ``cache_salt``: the request
+    shares prefix-cache blocks only with requests of the same salt (see ``PrefixCache``).
     """
 
     max_tokens: int = 16
@@ -59,6 +60,7 @@ class SamplingParams:
     min_tokens: int = 0
     structured: StructuredOutput | None = None
     provenance: bool = False
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -82,6 +84,8 @@ class SamplingParams:
                 all(isinstance(t, int) and t >= 0 and -100.0 <= b <= 100.0 for t, b in self.logit_bias.items()),
                 "must map token ids >= 0 to values in [-100, 100]",
             ),
+            ("cache_salt", self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt != ""),
+             "must be a non-empty string"),
             (
                 "num_speculative_tokens",
                 self.num_speculative_tokens is None or self.num_speculative_tokens >= 0,

@@ -17,7 +17,10 @@ not do: measured here, an attention call's rows change in the last bits with the
 beside them.) Rows the decoding wrote are never shared, for the same reason.
 
 A unit is keyed by a hash chain over the prompt up to its end (vLLM's block hashes), so one
-lookup per unit finds the longest cached prefix. The draft model's rows of a unit live in the
+lookup per unit finds the longest cached prefix. A request's ``cache_salt`` (vLLM's extension)
+starts its chain: requests share cached blocks only when their salts are equal (or both absent),
+so a tenant with its own secret salt cannot learn from its time to first token whether another
+tenant sent a prompt, and a benchmark can give each of its arms a cold cache. The draft model's rows of a unit live in the
 same blocks of its own pool; they count only once the holder's draft has computed them
 (``ChunkHit.draft``).
 """
@@ -50,10 +53,11 @@ class PrefixCache:
         self._holders: dict[bytes, dict[tuple[int, ...], bool]] = {}
         self._chunk_of: dict[int, tuple[bytes, tuple[int, ...]]] = {}
 
-    def chunk_keys(self, tokens: list[int], limit: int) -> list[bytes]:
-        """The hash chain of the full chunks of ``tokens[:limit]``: key i names chunks 0..i."""
+    def chunk_keys(self, tokens: list[int], limit: int, salt: str | None = None) -> list[bytes]:
+        """The hash chain of the full chunks of ``tokens[:limit]``: key i names chunks 0..i
+        (and the salt, when there is one)."""
         keys: list[bytes] = []
-        previous = b""
+        previous = b"" if salt is None else hashlib.blake2b(salt.encode(), digest_size=16, person=b"cache_salt").digest()
         for end in range(self.chunk, limit + 1, self.chunk):
             digest = hashlib.blake2b(previous, digest_size=16)
             digest.update(array("q", tokens[end - self.chunk:end]).tobytes())
@@ -61,12 +65,12 @@ class PrefixCache:
             keys.append(previous)
         return keys
 
-    def lookup(self, prompt: list[int], is_free: Callable[[int], bool]) -> list[ChunkHit]:
+    def lookup(self, prompt: list[int], is_free: Callable[[int], bool], salt: str | None = None) -> list[ChunkHit]:
         """The longest cached prefix that leaves at least one prompt token to compute (its
         logits start the answer), chunk by chunk; among holders of a chunk, one whose blocks are
         free (taken where they lie: no copy), then one with the draft's rows."""
         hits: list[ChunkHit] = []
-        for key in self.chunk_keys(prompt, len(prompt) - 1):
+        for key in self.chunk_keys(prompt, len(prompt) - 1, salt):
             holders = self._holders.get(key)
             if not holders:
                 break
@@ -75,7 +79,7 @@ class PrefixCache:
         return hits
 
     def record(self, blocks: list[int], prompt: list[int], computed: int, draft_computed: int,
-               recorded: tuple[int, int]) -> tuple[int, int]:
+               recorded: tuple[int, int], salt: str | None = None) -> tuple[int, int]:
         """A request with table ``blocks`` has ``computed`` target and ``draft_computed`` draft
         positions in the cache: register its full prompt chunks among them. ``recorded`` is what
         was registered before (target and draft chunks); returns the new count."""
@@ -84,7 +88,7 @@ class PrefixCache:
         if (full, drafted) == recorded:
             return recorded
         per = self.blocks_per_chunk
-        for i, key in enumerate(self.chunk_keys(prompt, full * self.chunk)):
+        for i, key in enumerate(self.chunk_keys(prompt, full * self.chunk, salt)):
             holder = tuple(blocks[i * per:(i + 1) * per])
             if i >= recorded[0] or (recorded[1] <= i < drafted):
                 self._holders.setdefault(key, {})[holder] = i < drafted

@@ -89,7 +89,7 @@ class Scheduler:
         # had in this request: such a request prefills all of its prompt (and records its chunks
         # for later requests as any other does; recomputed chunks are bit-identical).
         lookup = self.prefix is not None and req.params.prompt_logprobs is None
-        hits = self.prefix.lookup(req.prompt_ids, self.pool.is_free) if lookup else []  # type: ignore[union-attr]
+        hits = self.prefix.lookup(req.prompt_ids, self.pool.is_free, req.params.cache_salt) if lookup else []  # type: ignore[union-attr]
         in_place = [all(self.pool.is_free(b) for b in h.blocks) for h in hits]
         for h, here in zip(hits, in_place):
             if here:
@@ -150,7 +150,7 @@ class Scheduler:
         """After a step: the request's full prompt blocks now in the cache become reusable."""
         if self.prefix is not None and req.blocks:
             req.recorded_chunks = self.prefix.record(req.blocks, req.prompt_ids, req.num_computed,
-                                                     req.draft_computed, req.recorded_chunks)
+                                                     req.draft_computed, req.recorded_chunks, req.params.cache_salt)
 
     def remove(self, req: Request) -> None:
         """Drop a finished or aborted request and free its blocks at once (their prompt chunks

@@ -15,7 +15,7 @@ the client gets.
 Extensions (documented in ``specdec serve --help``): ``top_k`` (0 or -1 = off),
 ``num_speculative_tokens`` (int >= 0: caps k for this request, 0 = no speculation),
 ``speculative`` (``false`` = no speculation), ``ignore_eos``, ``stop_token_ids``, ``min_tokens``,
-and ``response_format`` on completions too.
+``cache_salt`` (vLLM's: prefix-cache isolation), and ``response_format`` on completions too.
 """
 
 from __future__ import annotations

@@ -165,6 +165,11 @@ class GenerationRequest(Schema):
                                     "model's); processed_logprobs: the one sampled from (after the grammar mask, "
                                     "logit_bias, penalties, temperature, top_k/top_p). Prompt log-probabilities are raw.",
     )
+    cache_salt: str | None = Field(
+        None, min_length=1, max_length=1024,
+        description="vLLM's: the prompt shares prefix-cache blocks only with requests that send the same salt, so "
+                    "one tenant's time to first token does not reveal another's prompts (use a long random secret).",
+    )
     specdec_provenance: bool = Field(
         False, description="Streamed only: each chunk's choice also carries 'provenance', its text in pieces by how "
         "each token was produced (a proposer such as 'draft' or 'ngram', or 'target').",
@@ -278,6 +283,7 @@ class GenerationRequest(Schema):
             min_tokens=self.min_tokens,
             structured=structured if structured is not None else self.structured_output,
             provenance=self.specdec_provenance,
+            cache_salt=self.cache_salt,
         )
 
 
