@@ -11,16 +11,28 @@ units; its 95% interval comes from resampling the units (paired, with replacemen
 Each unit's prompts are used once per arm: repeating a prompt would let a suffix trie find the
 whole answer of the earlier run, a gain real traffic does not see that way (a request with
 speculation off does not feed the server's global trie, so the off arm cannot leak it either).
+
+Each arm has its own prefix cache: every request of an arm carries that arm's ``cache_salt``
+(fresh per run). Without it the arm that ran second found its unit's prompts cached and skipped
+their prefill, and with two to five units per cell that order, not speculation, decided the cell
+(code_edit at c=4, 2026-11-25: 0.54-0.60 when on ran first, 1.36-1.51 when off did). With a salt
+per arm, both arms of a unit meet the same cache: the prompts of every earlier unit's same arm
+(a shared system prompt stays cached, as in real traffic), never this unit's.
+
+Around each arm the bench reads ``/metrics`` and keeps what each proposer drafted and had
+accepted (``auto`` chooses per request and step, and the response's totals do not say which).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 import time
 from dataclasses import dataclass, field
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from .progress import log
 from .report import fmt
@@ -29,6 +41,7 @@ from .workload import Workload, auth_headers, run_workload, warm_up
 
 ARMS = ("on", "off")
 OFF = {"speculative": False}
+BY_SOURCE = {"specdec_spec_decode_draft_tokens_by_source": 0, "specdec_spec_decode_accepted_tokens_by_source": 1}
 
 
 @dataclass
@@ -37,10 +50,12 @@ class Arm:
 
     tokens: int = 0
     seconds: float = 0.0
+    cached_tokens: int = 0  # prompt tokens the prefix cache served: equal in both arms of a unit
     draft_tokens: int = 0
     accepted_tokens: int = 0
     failed: int = 0
     texts: list[str] = field(default_factory=list)
+    by_source: dict[str, list[int]] = field(default_factory=dict)  # proposer -> [drafted, accepted]
 
 
 @dataclass
@@ -65,6 +80,7 @@ class PairedRow:
     acceptance_rate: float | None
     same_as_off: str
     failed: int
+    by_source: dict[str, list[int]] = field(default_factory=dict)
 
 
 def ratio(units: list[Unit]) -> float:
@@ -94,16 +110,38 @@ def make_units(workloads: dict[str, list[Workload]], concurrency: list[int]) -> 
     return units
 
 
+async def speculation_by_source(client: httpx.AsyncClient) -> dict[str, list[int]]:
+    """The server's ``/metrics`` counters: proposer -> [draft tokens, accepted tokens] so far."""
+    r = await client.get("/metrics")
+    r.raise_for_status()
+    counts: dict[str, list[int]] = {}
+    for family in text_string_to_metric_families(r.text):
+        column = BY_SOURCE.get(family.name)
+        if column is None:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                counts.setdefault(sample.labels["source"], [0, 0])[column] += int(sample.value)
+    return counts
+
+
 async def _run_arm(client: httpx.AsyncClient, unit: Unit, model: str, args, extra: dict) -> Arm:
+    before = await speculation_by_source(client)
     start = time.perf_counter()
     batches = await asyncio.gather(*(run_workload(client, wl, model, args, extra) for wl in unit.workloads))
     arm = Arm(seconds=time.perf_counter() - start)
+    after = await speculation_by_source(client)
+    for source, (drafted, accepted) in after.items():
+        was = before.get(source, [0, 0])
+        if drafted > was[0]:
+            arm.by_source[source] = [drafted - was[0], accepted - was[1]]
     results: list[RequestResult] = [r for batch in batches for r in batch]
     for r in results:
         if not r.ok:
             arm.failed += 1
             continue
         arm.tokens += r.completion_tokens or 0
+        arm.cached_tokens += r.cached_tokens or 0
         arm.texts.append(r.text)
         if r.speculative:
             arm.draft_tokens += int(r.speculative.get("draft_tokens") or 0)
@@ -120,16 +158,19 @@ async def run_paired(base_url: str, mode: str, on_extra: dict, model: str, workl
     conns = max(args.concurrency) + 4
     limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns)
     timeout = httpx.Timeout(args.request_timeout, connect=30.0)
+    run_id = secrets.token_hex(8)  # a second run against the same server starts cold too
+    extras = {arm: {**(on_extra if arm == "on" else OFF), "cache_salt": f"specdec-bench-{run_id}-{arm}"} for arm in ARMS}
     async with httpx.AsyncClient(base_url=base_url, headers=auth_headers(args), timeout=timeout, limits=limits) as client:
         await warm_up(client, model, args, list(workloads))
         for i, unit in enumerate(units):
             order = list(ARMS)
             rng.shuffle(order)
             for arm in order:
-                unit.arms[arm] = await _run_arm(client, unit, model, args, on_extra if arm == "on" else OFF)
+                unit.arms[arm] = await _run_arm(client, unit, model, args, extras[arm])
             on, off = unit.arms["on"], unit.arms["off"]
             log(f"{mode} {unit.kind} c={unit.concurrency} unit {i + 1}/{len(units)} ({'/'.join(order)}): "
-                f"on {on.tokens / max(on.seconds, 1e-9):.2f} tok/s, off {off.tokens / max(off.seconds, 1e-9):.2f}")
+                f"on {on.tokens / max(on.seconds, 1e-9):.2f} tok/s, off {off.tokens / max(off.seconds, 1e-9):.2f}; "
+                f"cached prompt tokens {on.cached_tokens}/{off.cached_tokens}; drafted/accepted {format_sources(on.by_source)}")
     return summarize_cells(mode, units, args), [
         {"mode": mode, "kind": u.kind, "concurrency": u.concurrency, "prompts": [w.index for w in u.workloads],
          **{f"{a}_{k}": v for a in ARMS for k, v in vars(u.arms[a]).items() if k != "texts"}} for u in units]
@@ -152,8 +193,24 @@ def summarize_cells(mode: str, units: list[Unit], args) -> list[PairedRow]:
             off_tok_s=round(sum(a.tokens for a in off) / max(sum(a.seconds for a in off), 1e-9), 3),
             ratio=round(ratio(cell), 3), ratio_lo=round(lo, 3), ratio_hi=round(hi, 3),
             acceptance_rate=round(sum(a.accepted_tokens for a in on) / drafted, 4) if drafted else None,
-            same_as_off=f"{same}/{len(cell)}", failed=sum(a.failed for a in on + off)))
+            same_as_off=f"{same}/{len(cell)}", failed=sum(a.failed for a in on + off),
+            by_source=merge_sources(a.by_source for a in on)))
     return rows
+
+
+def merge_sources(counts) -> dict[str, list[int]]:
+    """Per proposer, the drafted and accepted tokens summed over arms."""
+    total: dict[str, list[int]] = {}
+    for by_source in counts:
+        for source, (drafted, accepted) in by_source.items():
+            row = total.setdefault(source, [0, 0])
+            row[0] += drafted
+            row[1] += accepted
+    return total
+
+
+def format_sources(by_source: dict[str, list[int]]) -> str:
+    return ", ".join(f"{s} {d}/{a}" for s, (d, a) in sorted(by_source.items())) or "none"
 
 
 def print_paired(rows: list[PairedRow]) -> None:
@@ -168,4 +225,7 @@ def print_paired(rows: list[PairedRow]) -> None:
         print(f"{r.mode:<8} {r.kind:<9} {r.concurrency:>4} {r.units:>5} {r.on_tok_s:>9.2f} {r.off_tok_s:>9.2f} "
               f"{r.ratio:>7.3f} {f'[{r.ratio_lo:.3f}, {r.ratio_hi:.3f}]':>15} "
               f"{fmt(r.acceptance_rate, '.2f'):>6} {r.same_as_off:>6}")
+    print("drafted/accepted tokens by proposer (on arms, from /metrics):")
+    for r in rows:
+        print(f"  {r.mode} {r.kind} c={r.concurrency}: {format_sources(r.by_source)}")
     print()

@@ -15,6 +15,7 @@ class RequestResult:
     chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk with text, from start
     latency: float | None = None
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # of the prompt, served from the prefix cache
     completion_tokens: int | None = None
     finish_reason: str | None = None
     speculative: dict | None = None

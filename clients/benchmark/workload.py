@@ -94,6 +94,7 @@ async def stream_one(client: httpx.AsyncClient, wl: Workload, model: str, args, 
                 if chunk.get("usage"):
                     res.prompt_tokens = chunk["usage"].get("prompt_tokens")
                     res.completion_tokens = chunk["usage"].get("completion_tokens")
+                    res.cached_tokens = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
                 if chunk.get("speculative"):
                     res.speculative = chunk["speculative"]
                 elif "draft_n" in (chunk.get("timings") or {}):  # llama.cpp's llama-server as a --peer
