@@ -108,7 +108,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(repeatable); its rows are named peer:NAME and compared with our 'off'")
     w.add_argument("--kinds", default=",".join(KINDS), help="comma list of " + ",".join(KINDS))
     w.add_argument("--concurrency", default="1,4,16", help="comma list of concurrency levels")
-    w.add_argument("--num-prompts", type=int, default=None, help="prompts per kind (default: all 10)")
+    w.add_argument("--num-prompts", type=int, default=10,
+                   help="prompts per kind, the first N of clients/prompts.json (48 per kind; default 10, the set "
+                        "results before 2026-11-25 used; --pairing same needs c of them per unit at concurrency c)")
     w.add_argument("--requests-per-level", type=int, default=None,
                    help="requests per (mode, kind, concurrency) (default: max(num prompts, concurrency))")
     w.add_argument("--max-tokens", type=int, default=128)
