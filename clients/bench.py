@@ -6,6 +6,7 @@ By default (``--pairing same``) every speculating mode is measured against specu
 the same server*: off is the per-request extension ``"speculative": false``, the prompts are cut
 into units that run in a random order, each unit in both arms back to back in a random order, and
 each cell reports on/off with a bootstrap 95% interval over its units (``benchmark/paired.py``).
+With ``--spawn`` each concurrency level gets its own server, since the levels share prompts.
 ``--pairing separate`` is the older design: one server per mode, off included, minutes apart.
 
 Two ways to point it at a server:
@@ -285,34 +286,49 @@ def _on_extra(args) -> dict:
 
 
 def _run_same_server(args, workloads, servers: dict, details: list, notes: list) -> list[PairedRow]:
-    """Each speculating mode on vs off on one server (spawned per mode, or the one at --url)."""
+    """Each speculating mode on vs off on one server: spawned per mode and concurrency level, or
+    the one at --url.
+
+    Every level cuts its units from the same prompts, so on one server a later level's 'on' arm
+    could find an earlier level's answers in the global suffix trie (measured 2026-11-25: chat at
+    c=4 after c=16 accepted 169 of 214 suffix drafts), and its prefix cache would serve whichever
+    arm's blocks were freed last. A fresh server per level has neither."""
     if not args.spawn:
         model, method = asyncio.run(server_info(args.url, args))
         log(f"server at {args.url} serves {model!r} with speculative method {method!r}: {method} vs off")
         servers["url"] = {"url": args.url, "model": model, "method": method}
+        if len(args.concurrency) > 1:
+            notes.append("one server for several concurrency levels: a later level's suffix proposals may copy an "
+                         "earlier level's answers to the same prompts; run one --concurrency per server, or --spawn")
+            log(notes[-1])
         cells, unit_details = asyncio.run(run_paired(args.url, method or "on", _on_extra(args), model, workloads, args))
         details += unit_details
         return cells
     modes = [m for m in args.modes if m != "off"]  # off is measured beside every other mode
-    return _each_spawned(args, modes, servers, details, notes, lambda url, mode, model: asyncio.run(
-        run_paired(url, mode, _on_extra(args), model, workloads, args)))
+    cells: list[PairedRow] = []
+    for c in args.concurrency:
+        level = argparse.Namespace(**{**vars(args), "concurrency": [c]})
+        cells += _each_spawned(level, modes, servers, details, notes, lambda url, mode, model: asyncio.run(
+            run_paired(url, mode, _on_extra(level), model, workloads, level)), name=f"-c{c}")
+    return cells
 
 
-def _each_spawned(args, modes: list[str], servers: dict, details: list, notes: list, measure) -> list:
+def _each_spawned(args, modes: list[str], servers: dict, details: list, notes: list, measure, name: str = "") -> list:
     """One spawned server per mode, measured by ``measure(url, mode, model) -> (rows, details)``
-    and stopped; a server that fails becomes a note."""
+    and stopped; a server that fails becomes a note. ``name``: appended to the mode in the
+    server's log file and its entry in ``servers``."""
     rows: list = []
     for mode in modes:
         if mode in NEEDS_DRAFT and args.model and not args.draft_model:
             notes.append(f"{mode} mode skipped: --model given without --draft-model")
             log(notes[-1])
             continue
-        server = SpawnedServer(mode, args, Path(args.out))
+        server = SpawnedServer(mode, args, Path(args.out), name)
         try:
             server.start()
             server.wait_ready(args.startup_timeout)
             model, method = asyncio.run(server_info(server.url, args))
-            servers[mode] = {"cmd": server.cmd, "model": model, "method": method}
+            servers[mode + name] = {"cmd": server.cmd, "model": model, "method": method}
             mode_rows, mode_details = measure(server.url, mode, model)
             rows += mode_rows
             details += mode_details

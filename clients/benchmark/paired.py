@@ -13,7 +13,7 @@ whole answer of the earlier run, a gain real traffic does not see that way (a re
 speculation off does not feed the server's global trie, so the off arm cannot leak it either).
 
 Each arm has its own prefix cache: every request of an arm carries that arm's ``cache_salt``
-(fresh per run). Without it the arm that ran second found its unit's prompts cached and skipped
+(fresh per run and per cell, since the cells of a kind share prompts). Without it the arm that ran second found its unit's prompts cached and skipped
 their prefill, and with two to five units per cell that order, not speculation, decided the cell
 (code_edit at c=4, 2026-11-25: 0.54-0.60 when on ran first, 1.36-1.51 when off did). With a salt
 per arm, both arms of a unit meet the same cache: the prompts of every earlier unit's same arm
@@ -159,14 +159,18 @@ async def run_paired(base_url: str, mode: str, on_extra: dict, model: str, workl
     limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns)
     timeout = httpx.Timeout(args.request_timeout, connect=30.0)
     run_id = secrets.token_hex(8)  # a second run against the same server starts cold too
-    extras = {arm: {**(on_extra if arm == "on" else OFF), "cache_salt": f"specdec-bench-{run_id}-{arm}"} for arm in ARMS}
+
+    def extra(unit: Unit, arm: str) -> dict:
+        return {**(on_extra if arm == "on" else OFF),
+                "cache_salt": f"specdec-bench-{run_id}-{unit.kind}-c{unit.concurrency}-{arm}"}
+
     async with httpx.AsyncClient(base_url=base_url, headers=auth_headers(args), timeout=timeout, limits=limits) as client:
         await warm_up(client, model, args, list(workloads))
         for i, unit in enumerate(units):
             order = list(ARMS)
             rng.shuffle(order)
             for arm in order:
-                unit.arms[arm] = await _run_arm(client, unit, model, args, extras[arm])
+                unit.arms[arm] = await _run_arm(client, unit, model, args, extra(unit, arm))
             on, off = unit.arms["on"], unit.arms["off"]
             log(f"{mode} {unit.kind} c={unit.concurrency} unit {i + 1}/{len(units)} ({'/'.join(order)}): "
                 f"on {on.tokens / max(on.seconds, 1e-9):.2f} tok/s, off {off.tokens / max(off.seconds, 1e-9):.2f}; "

@@ -28,11 +28,11 @@ def free_port() -> int:
 class SpawnedServer:
     """``python -m server serve`` for one mode on a free loopback port, logging to a file."""
 
-    def __init__(self, mode: str, args, log_dir: Path) -> None:
+    def __init__(self, mode: str, args, log_dir: Path, name: str = "") -> None:
         self.mode = mode
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / f"server-{mode}.log"
+        self.log_path = log_dir / f"server-{mode}{name}.log"
         cmd = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--speculative-method", MODE_TO_METHOD[mode],
                "--device", args.device, "--dtype", args.dtype, "--quantize", args.quantize,
