@@ -85,6 +85,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="same: each mode on vs off on one server, interleaved, ratios with bootstrap intervals "
                         "(default); separate: one server per mode, off included (the default with --peer, "
                         "whose rows are compared with an off row)")
+    p.add_argument("--control", action="store_true",
+                   help="with --pairing same: an A/A run, both arms with speculation off; its ratios show the "
+                        "paired bench's own bias and spread on this machine (1.0 if it has none)")
 
     g = p.add_argument_group("models (--spawn and baselines)")
     g.add_argument("--model", default=None, help="target: HF dir, cached hub id or .gguf (default: embedded pair)")
@@ -161,6 +164,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.peer = [_peer(p_, i) for i, p_ in enumerate(args.peer)]
     if args.pairing is None:
         args.pairing = "separate" if args.peer else "same"
+    if args.control and args.pairing != "same":
+        p.error("--control is an A/A run of --pairing same")
     # Spawned servers run from the repository root: make local model paths absolute first.
     for name in ("model", "draft_model"):
         value = getattr(args, name)
@@ -285,6 +290,11 @@ def _on_extra(args) -> dict:
     return {} if args.num_speculative_tokens is None else {"num_speculative_tokens": args.num_speculative_tokens}
 
 
+def _paired_extra(args) -> dict:
+    """What the 'on' arm of --pairing same adds to its requests (with --control: speculation off)."""
+    return {"speculative": False} if args.control else _on_extra(args)
+
+
 def _run_same_server(args, workloads, servers: dict, details: list, notes: list) -> list[PairedRow]:
     """Each speculating mode on vs off on one server: spawned per mode and concurrency level, or
     the one at --url.
@@ -301,7 +311,8 @@ def _run_same_server(args, workloads, servers: dict, details: list, notes: list)
             notes.append("one server for several concurrency levels: a later level's suffix proposals may copy an "
                          "earlier level's answers to the same prompts; run one --concurrency per server, or --spawn")
             log(notes[-1])
-        cells, unit_details = asyncio.run(run_paired(args.url, method or "on", _on_extra(args), model, workloads, args))
+        label = "A/A" if args.control else method or "on"
+        cells, unit_details = asyncio.run(run_paired(args.url, label, _paired_extra(args), model, workloads, args))
         details += unit_details
         return cells
     modes = [m for m in args.modes if m != "off"]  # off is measured beside every other mode
@@ -309,7 +320,8 @@ def _run_same_server(args, workloads, servers: dict, details: list, notes: list)
     for c in args.concurrency:
         level = argparse.Namespace(**{**vars(args), "concurrency": [c]})
         cells += _each_spawned(level, modes, servers, details, notes, lambda url, mode, model: asyncio.run(
-            run_paired(url, mode, _on_extra(level), model, workloads, level)), name=f"-c{c}")
+            run_paired(url, f"{mode} A/A" if args.control else mode, _paired_extra(level), model, workloads, level)),
+            name=f"-c{c}")
     return cells
 
 

@@ -49,3 +49,16 @@ def test_same_server_pairing_gives_both_arms_the_same_cache_and_counts_each_prop
         assert sum(a for _, a in u["on_by_source"].values()) == u["on_accepted_tokens"]
         assert u["off_by_source"] == {} and u["off_draft_tokens"] == 0
     assert sum(d for d, _ in cell["by_source"].values()) == sum(u["on_draft_tokens"] for u in units) > 0
+
+
+def test_an_a_a_control_run_sends_no_speculation_in_either_arm(tiny_server, tmp_path: Path) -> None:
+    """``--control``: both arms with speculation off, so the cell measures the bench itself."""
+    cmd = [sys.executable, str(CLIENTS / "bench.py"), "--url", tiny_server.url, "--control", "--kinds", "open",
+           "--concurrency", "1", "--num-prompts", "2", "--max-tokens", "6", "--no-baselines", "--no-chart",
+           "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    (result,) = tmp_path.glob("bench-*.json")
+    data = json.loads(result.read_text())
+    (cell,) = data["paired"]
+    assert cell["mode"] == "A/A" and cell["units"] == 2 and cell["same_as_off"] == "2/2" and cell["by_source"] == {}
+    assert all(u[f"{arm}_draft_tokens"] == 0 and u[f"{arm}_tokens"] > 0 for u in data["requests"] for arm in ("on", "off"))
