@@ -13,11 +13,12 @@ whole answer of the earlier run, a gain real traffic does not see that way (a re
 speculation off does not feed the server's global trie, so the off arm cannot leak it either).
 
 Each arm has its own prefix cache: every request of an arm carries that arm's ``cache_salt``
-(fresh per run and per cell, since the cells of a kind share prompts). Without it the arm that ran second found its unit's prompts cached and skipped
-their prefill, and with two to five units per cell that order, not speculation, decided the cell
-(code_edit at c=4, 2026-11-25: 0.54-0.60 when on ran first, 1.36-1.51 when off did). With a salt
-per arm, both arms of a unit meet the same cache: the prompts of every earlier unit's same arm
-(a shared system prompt stays cached, as in real traffic), never this unit's.
+(fresh per run and per cell, since the cells of a kind share prompts). Without it the arm that
+ran second found its unit's prompts cached and skipped their prefill, and with two to five units
+per cell that order, not speculation, decided the cell (code_edit at c=4, 2026-11-25: 0.54-0.60
+when on ran first, 1.36-1.51 when off did). With a salt per arm, both arms of a unit meet the
+same cache: the prompts of every earlier unit's same arm (a shared system prompt stays cached,
+as in real traffic), never this unit's.
 
 Around each arm the bench reads ``/metrics`` and keeps what each proposer drafted and had
 accepted (``auto`` chooses per request and step, and the response's totals do not say which).

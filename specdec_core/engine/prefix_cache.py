@@ -20,9 +20,9 @@ A unit is keyed by a hash chain over the prompt up to its end (vLLM's block hash
 lookup per unit finds the longest cached prefix. A request's ``cache_salt`` (vLLM's extension)
 starts its chain: requests share cached blocks only when their salts are equal (or both absent),
 so a tenant with its own secret salt cannot learn from its time to first token whether another
-tenant sent a prompt, and a benchmark can give each of its arms a cold cache. The draft model's rows of a unit live in the
-same blocks of its own pool; they count only once the holder's draft has computed them
-(``ChunkHit.draft``).
+tenant sent a prompt, and a benchmark can give each of its arms a cache of its own. The draft
+model's rows of a unit live in the same blocks of its own pool; they count only once the
+holder's draft has computed them (``ChunkHit.draft``).
 """
 
 from __future__ import annotations
