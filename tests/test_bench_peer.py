@@ -1,6 +1,7 @@
-"""``bench.py --peer``: another OpenAI-compatible server measured on the same workload, in the same
-run, beside ours. Here the peer is a second address of the shared tiny server, so the test needs
-no third-party binary; its rows must carry real streamed numbers and compare with our 'off'."""
+"""``bench.py`` against the shared tiny server: ``--peer`` (another OpenAI-compatible server
+measured on the same workload, beside ours; here a second address of the same server, so no
+third-party binary is needed), and ``--pairing same`` with its cache salts, per-proposer counts
+and ``--control``."""
 
 from __future__ import annotations
 
@@ -12,13 +13,18 @@ from pathlib import Path
 CLIENTS = Path(__file__).resolve().parents[1] / "clients"
 
 
-def test_peer_rows_sit_beside_ours(tiny_server, tmp_path: Path) -> None:
-    cmd = [sys.executable, str(CLIENTS / "bench.py"), "--url", tiny_server.url, "--modes", "off",
-           "--peer", f"other={tiny_server.url}", "--kinds", "open", "--concurrency", "1", "--num-prompts", "1",
-           "--max-tokens", "6", "--no-baselines", "--no-chart", "--out", str(tmp_path)]
+def run_bench(url: str, out: Path, *flags: str) -> dict:
+    """``bench.py --url URL FLAGS`` at concurrency 1, no baselines or chart; its JSON result."""
+    cmd = [sys.executable, str(CLIENTS / "bench.py"), "--url", url, *flags, "--concurrency", "1",
+           "--no-baselines", "--no-chart", "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
-    (result,) = tmp_path.glob("bench-*.json")
-    data = json.loads(result.read_text())
+    (result,) = out.glob("bench-*.json")
+    return json.loads(result.read_text())
+
+
+def test_peer_rows_sit_beside_ours(tiny_server, tmp_path: Path) -> None:
+    data = run_bench(tiny_server.url, tmp_path, "--modes", "off", "--peer", f"other={tiny_server.url}",
+                     "--kinds", "open", "--num-prompts", "1", "--max-tokens", "6")
     rows = {r["mode"]: r for r in data["rows"]}
     assert set(rows) == {"off", "peer:other"}
     peer = rows["peer:other"]
@@ -32,14 +38,11 @@ def test_peer_rows_sit_beside_ours(tiny_server, tmp_path: Path) -> None:
 def test_same_server_pairing_gives_both_arms_the_same_cache_and_counts_each_proposer(tiny_server, tmp_path: Path) -> None:
     """``--pairing same`` against a running server: each arm has its own ``cache_salt``, so the
     prefix cache serves both arms of a unit alike (before, the arm run second found the unit's
-    prompt cached: code_edit prompts span several blocks); what each proposer drafted, read from ``/metrics`` around the on arm, adds up to the
-    responses' own totals (nothing else ran meanwhile)."""
-    cmd = [sys.executable, str(CLIENTS / "bench.py"), "--url", tiny_server.url, "--pairing", "same",
-           "--kinds", "code_edit", "--concurrency", "1", "--num-prompts", "3", "--max-tokens", "8",
-           "--no-baselines", "--no-chart", "--out", str(tmp_path)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
-    (result,) = tmp_path.glob("bench-*.json")
-    data = json.loads(result.read_text())
+    prompt cached: code_edit prompts span several blocks); what each proposer drafted, read from
+    ``/metrics`` around the on arm, adds up to the responses' own totals (nothing else ran
+    meanwhile)."""
+    data = run_bench(tiny_server.url, tmp_path, "--pairing", "same", "--kinds", "code_edit", "--num-prompts", "3",
+                     "--max-tokens", "8")
     (cell,) = data["paired"]
     assert cell["units"] == 3 and cell["same_as_off"] == "3/3" and cell["failed"] == 0
     units = data["requests"]
@@ -53,12 +56,7 @@ def test_same_server_pairing_gives_both_arms_the_same_cache_and_counts_each_prop
 
 def test_an_a_a_control_run_sends_no_speculation_in_either_arm(tiny_server, tmp_path: Path) -> None:
     """``--control``: both arms with speculation off, so the cell measures the bench itself."""
-    cmd = [sys.executable, str(CLIENTS / "bench.py"), "--url", tiny_server.url, "--control", "--kinds", "open",
-           "--concurrency", "1", "--num-prompts", "2", "--max-tokens", "6", "--no-baselines", "--no-chart",
-           "--out", str(tmp_path)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
-    (result,) = tmp_path.glob("bench-*.json")
-    data = json.loads(result.read_text())
+    data = run_bench(tiny_server.url, tmp_path, "--control", "--kinds", "open", "--num-prompts", "2", "--max-tokens", "6")
     (cell,) = data["paired"]
     assert cell["mode"] == "A/A" and cell["units"] == 2 and cell["same_as_off"] == "2/2" and cell["by_source"] == {}
     assert all(u[f"{arm}_draft_tokens"] == 0 and u[f"{arm}_tokens"] > 0 for u in data["requests"] for arm in ("on", "off"))

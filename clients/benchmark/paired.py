@@ -30,6 +30,7 @@ import asyncio
 import random
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import httpx
@@ -203,7 +204,7 @@ def summarize_cells(mode: str, units: list[Unit], args) -> list[PairedRow]:
     return rows
 
 
-def merge_sources(counts) -> dict[str, list[int]]:
+def merge_sources(counts: Iterable[dict[str, list[int]]]) -> dict[str, list[int]]:
     """Per proposer, the drafted and accepted tokens summed over arms."""
     total: dict[str, list[int]] = {}
     for by_source in counts:
