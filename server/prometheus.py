@@ -86,6 +86,11 @@ class EngineCollector(Collector):
                          m.draft_tokens_by_source, model)
         yield _by_source("spec_decode_accepted_tokens_by_source", "Draft tokens accepted, by proposer",
                          m.accepted_tokens_by_source, model)
+        yield _counter("spec_decode_tree_passes", "Verify passes whose drafts were a token tree (suffix method)",
+                       m.tree_passes, model)
+        yield _counter("spec_decode_tree_branch_tokens",
+                       "Accepted draft tokens from off a token tree's first chain (a linear proposal lacked them)",
+                       m.tree_branch_tokens, model)
         yield _counter("spec_decode_draft_seconds", "Seconds spent in draft-model forwards and draws",
                        m.total_draft_seconds, model)
         yield _counter("target_forward_seconds", "Seconds spent in target forwards (prefill, decode, verification)",

@@ -21,6 +21,7 @@ from conftest import load, region, slot_runner
 from gguf import GGMLQuantizationType, quants
 from scipy.stats import chisquare
 
+import specdec_core.speculation.tree_verifier as tree_verifier
 import specdec_core.speculation.verifier as verifier_module
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
@@ -78,9 +79,9 @@ def exact_two_token_distribution(model, params: SamplingParams, quantize: str, p
 
 
 def draw(target, draft, params: SamplingParams, quantize: str, method: str = "draft",
-         prompt: list[int] = PROMPT, draft_vocab_size: int = 0) -> torch.Tensor:
+         prompt: list[int] = PROMPT, draft_vocab_size: int = 0, suffix_trees: bool = True) -> torch.Tensor:
     cfg = EngineConfig(speculative_method=method, num_speculative_tokens=2, adaptive_speculation=False,
-                       draft_vocab_size=draft_vocab_size,
+                       draft_vocab_size=draft_vocab_size, suffix_trees=suffix_trees,
                        max_num_seqs=256, max_model_len=16, prefill_chunk_size=2048, seed=1234,
                        quantize=quantize)
     eng = Engine.from_loaded(cfg, target, draft)
@@ -97,17 +98,21 @@ def draw(target, draft, params: SamplingParams, quantize: str, method: str = "dr
         # find earlier requests' outputs in the global trie, which wins some second steps.
         # (It holds as many 2-token outputs as its token budget allows: 8,192 of the 20,000.)
         assert eng.suffix is not None and len(eng.suffix.cache) == eng.config.suffix_cache_tokens // 2
-        assert m.draft_tokens_by_source["suffix"] > 2 * SAMPLES, m.draft_tokens_by_source
+        # With trees, every first step verifies the prompt's two continuations as one tree (its
+        # drafts count as the one-token chain it amounts to); the second step drafts from the tries.
+        assert m.tree_passes >= (SAMPLES if suffix_trees else 0) and (m.tree_passes > 0) == suffix_trees
+        assert m.draft_tokens_by_source["suffix"] > (1 if suffix_trees else 2) * SAMPLES, m.draft_tokens_by_source
     if method == "auto":
         # A first token that occurs in the prompt makes the second step an n-gram lookup (one-hot q)
         # batched beside draft-model rows: both kinds of q go through one verification.
         assert m.draft_tokens_by_source.get("ngram", 0) > 0.05 * SAMPLES, m.draft_tokens_by_source
-    assert m.total_draft_tokens >= 2 * SAMPLES
+    depth = 1 if suffix_trees and method == "suffix" else 2  # a tree of two siblings is one deep
+    assert m.total_draft_tokens >= depth * SAMPLES
     # (auto: lookups that mostly miss pull the overall rate down; their rejections are the point)
     # (a draft head over half the vocabulary misses often too)
     assert (0.05 if method in ("auto", "suffix") or draft_vocab_size else 0.2) < m.acceptance_rate < 0.9, \
         m.acceptance_rate
-    assert m.accepted_histogram[0] > 0 and m.accepted_histogram[2] > 0
+    assert m.accepted_histogram[0] > 0 and m.accepted_histogram[depth] > 0
     return counts
 
 
@@ -204,18 +209,31 @@ def test_auto_mixes_lookup_and_draft_rows_and_keeps_the_distribution(tiny_vocab_
 
 
 @pytest.mark.slow
-def test_suffix_lookups_keep_the_distribution_and_the_test_would_see_a_bias(tiny_vocab_pair, monkeypatch):
+@pytest.mark.parametrize("trees", [False, True])
+def test_suffix_lookups_keep_the_distribution_and_the_test_would_see_a_bias(tiny_vocab_pair, monkeypatch, trees):
     """One-hot q from the request's own trie and from other requests' outputs (the global trie):
-    the same verification as n-gram, so the same exactness, with its negative control."""
+    the same verification as n-gram, so the same exactness, with its negative control; with token
+    trees, the recursive rejection over siblings, with its own (a rule that does not renormalise
+    after a rejected sibling)."""
     target, draft = tiny_vocab_pair
     params = SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True)
-    prompt = [3, 7, 14, 13, 3, 7]  # "3 7" was followed by "14 13": two drafts on the first step
+    if trees:
+        # "3 7" was followed by 14 and by 10: a tree of two children, 10 first (a tie: the lower
+        # id). The target draws 14 about 0.42 of the time and 10 about 0.30 (both siblings matter).
+        prompt = [3, 7, 14, 9, 3, 7, 10, 13, 3, 7]
+        first = exact_two_token_distribution(target.model, params, "int8", prompt).view(VOCAB, VOCAB).sum(dim=1)
+        assert first[14] > 0.3 and first[10] > 0.2
+    else:
+        prompt = [3, 7, 14, 13, 3, 7]  # "3 7" was followed by "14 13": two drafts on the first step
     probs = exact_two_token_distribution(target.model, params, "int8", prompt)
     # The target draws "14 13" about a third of the time: acceptance, rejection and bonus all occur.
-    assert 0.1 < probs[14 * VOCAB + 13] < 0.9
-    assert chi_square_p(draw(target, draft, params, "int8", method="suffix", prompt=prompt), probs) > 1e-3
-    monkeypatch.setattr(verifier_module, "verify", biased_verify)
-    assert chi_square_p(draw(target, draft, params, "int8", method="suffix", prompt=prompt), probs) < 1e-3
+    assert trees or 0.1 < probs[14 * VOCAB + 13] < 0.9
+    assert chi_square_p(draw(target, draft, params, "int8", "suffix", prompt, suffix_trees=trees), probs) > 1e-3
+    if trees:
+        monkeypatch.setattr(tree_verifier, "_accept", lambda u, px, removed: (u < px) & (px > 0))
+    else:
+        monkeypatch.setattr(verifier_module, "verify", biased_verify)
+    assert chi_square_p(draw(target, draft, params, "int8", "suffix", prompt, suffix_trees=trees), probs) < 1e-3
 
 
 @pytest.mark.slow

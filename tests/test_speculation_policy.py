@@ -14,6 +14,7 @@ from specdec_core.engine.request import Request
 from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.speculation.acceptance import expected_tokens
 from specdec_core.speculation.cost_model import CostTable, StepCostModel
+from specdec_core.speculation.draft_tree import DraftTree
 from specdec_core.speculation.ngram_index import NgramIndex
 from specdec_core.speculation.policy import PROBE_INTERVAL, SpeculationPolicy
 
@@ -32,6 +33,9 @@ class RepeatLookup:
 
     def lookup(self, req: Request, k: int) -> list[int]:
         return [self.token] * k
+
+    def lookup_tree(self, req: Request, k: int) -> DraftTree:
+        return DraftTree.chain(self.lookup(req, k))
 
 
 class ShortLookup(RepeatLookup):

@@ -140,6 +140,9 @@ class EngineConfig:
         "leave first); 0 = only each request's own text", group="models", minimum=0))
     suffix_depth: int = field(default=24, metadata=_flag(
         "depth of the suffix tries: matches use up to half of it, proposals the rest", group="models", minimum=4))
+    suffix_trees: bool = field(default=True, metadata=_flag(
+        "let the suffix method propose token trees (several likely continuations verified in one forward) "
+        "where the trie branches; CPU segmented attention only", group="models"))
     seed: int | None = field(default=None, metadata=_flag(
         "engine seed for requests that give none", default_help="seeded from the clock at startup"))
     cache_dir: Path = field(default_factory=default_cache_dir, metadata=_flag(

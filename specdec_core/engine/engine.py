@@ -135,12 +135,11 @@ class Engine:
                 r.capture_graphs(config.graph_capture_len)  # after every KV cache is allocated
         self.drafter = DraftModelProposer(self.draft_runner) if self.draft_runner is not None else None
         self.ngram = NgramProposer(config.ngram_min, config.ngram_max) if method in ("ngram", "auto") else None
-        self.suffix = SuffixProposer(config.suffix_depth, config.suffix_cache_tokens) if method in ("suffix", "auto") else None
-        lookups: dict[Source, LookupProposer] = {}
-        if self.ngram is not None:
-            lookups["ngram"] = self.ngram
-        if self.suffix is not None:
-            lookups["suffix"] = self.suffix
+        self.suffix = SuffixProposer(config.suffix_depth, config.suffix_cache_tokens,
+                                     trees=config.suffix_trees and self.target.supports_trees
+                                     ) if method in ("suffix", "auto") else None
+        found: tuple[tuple[Source, LookupProposer | None], ...] = (("ngram", self.ngram), ("suffix", self.suffix))
+        lookups: dict[Source, LookupProposer] = {source: p for source, p in found if p is not None}
         self.speculative_step = SpeculativeStep(self.target, self.drafter, lookups)
         log.info("execution: target %s path, draft %s, quantize=%s, decode graphs %s", self.target.path,
                  self.draft_runner.path if self.draft_runner else "none", self.quantize,
@@ -239,7 +238,7 @@ class Engine:
     def _run(self, plan: ScheduledStep) -> list[RequestOutput]:
         """Propose, score and verify without touching request state; then commit."""
         outcome = self.speculative_step.run(plan.items)                      # propose, forward, verify
-        self.metrics.record_step(outcome.draft_seconds, outcome.target_seconds)
+        self.metrics.record_step(outcome.draft_seconds, outcome.target_seconds, *outcome.tree_counts)
         observe_step(self.costs, plan.items, outcome.draft_seconds, outcome.target_seconds,
                      1 + self.num_speculative_tokens)
         if self.cost_cache is not None:

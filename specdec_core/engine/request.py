@@ -162,6 +162,12 @@ class Request:
         return [self.generator.random() for _ in range(count)]
 
     @property
+    def takes_tree(self) -> bool:
+        """Whether its drafts may be a token tree (``draft_tree``): not with a grammar (its masks
+        follow one chain of drafts) or log-probabilities (read from the chain's rows)."""
+        return self.grammar is None and self.params.logprobs is None
+
+    @property
     def seeded(self) -> bool:
         """A sampled request with its own seed: its draws, and so its speculation depth, must not
         depend on the batch."""

@@ -27,10 +27,12 @@ import torch
 from specdec_core.decoding.sampling import RowParams, TablePlan, processed_scores, stack_masks
 from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.execution.host_upload import HostUpload, Ref
+from specdec_core.execution.kv_cache import token_rows
 from specdec_core.execution.model_runner import ForwardItem, ForwardPlan, ModelRunner
 from specdec_core.speculation import verifier
 from specdec_core.speculation.acceptance import Source
 from specdec_core.speculation.draft_model import DraftModelProposer, DraftPlan
+from specdec_core.speculation.draft_tree import DraftTree
 from specdec_core.speculation.policy import LookupProposer
 
 
@@ -53,6 +55,7 @@ class StepOutcome:
     prompt_logits: torch.Tensor | None = None
     prompt_start: list[int] | None = None
     processed: torch.Tensor | None = None
+    tree_counts: tuple[int, int] = (0, 0)  # verify passes of token trees; accepted tokens off their first chain
 
 
 class _Clock:
@@ -82,7 +85,7 @@ class _Clock:
 class _Plan:
     """The host half of a step: its shape and where everything sits in the upload."""
 
-    looked_up: dict[int, list[int]]  # item -> looked-up drafts (one-hot q)
+    looked_up: dict[int, DraftTree]  # item -> looked-up drafts (one-hot q), a chain or a token tree
     drawn: list[int]  # item -> drafts the draft model draws
     num: list[int]  # item -> drafts verified
     verifying: list[bool]  # item -> it completes its known tokens this step (logits wanted)
@@ -97,6 +100,11 @@ class _Plan:
     verify_rows: int  # logits rows verification reads (the prompt rows follow them)
     draft: DraftPlan | None = None
     verify: verifier.VerifyPlan | None = None
+
+    @property
+    def trees(self) -> dict[int, DraftTree]:
+        """The items whose drafts branch."""
+        return {b: t for b, t in self.looked_up.items() if not t.is_chain}
 
 
 class SpeculativeStep:
@@ -141,23 +149,29 @@ class SpeculativeStep:
             table.allowed = masks
             processed = processed_scores(logits, table, drafts)
         values = packed.tolist()  # the step's one read
+        drafts_out = [v[:plan.num[b]] for b, v in enumerate(values)]
+        branch_tokens = 0
+        for b, tree in plan.trees.items():
+            drafts_out[b], off_chain = self._settle_tree(items[b], tree, values[b], k_max)
+            branch_tokens += off_chain
         return StepOutcome(
-            [v[:plan.num[b]] for b, v in enumerate(values)],
+            drafts_out,
             [v[k_max] if plan.verifying[b] else None for b, v in enumerate(values)],
             [v[k_max + 1] if plan.verifying[b] else None for b, v in enumerate(values)],
             logits, plan.row_start, cached, clock.seconds(0), clock.seconds(1), prompt_logits, plan.prompt_start,
-            processed)
+            processed, (len(plan.trees), branch_tokens))
 
     def _plan(self, items: list[ScheduledRequest], upload: HostUpload) -> _Plan:
         """Lookups, how many drafts each item verifies, and everything the device needs."""
-        looked_up = {b: self.lookups[it.source].lookup(it.request, it.num_drafts) for b, it in enumerate(items)
+        looked_up = {b: self.lookups[it.source].lookup_tree(it.request, it.num_drafts) for b, it in enumerate(items)
                      if it.source in self.lookups and it.num_drafts}
         drafter = self.drafter if self.drafter is not None and self.drafter.wanted(items) else None
         drawn = [drafter.drafts(it) if drafter is not None else 0 for it in items]
         num = [len(looked_up[b]) if b in looked_up else drawn[b] for b in range(len(items))]
         k_max = max(num, default=0)
         verifying = [it.completes for it in items]
-        draft_ref = upload.ints(t for b in range(len(items)) for t in (looked_up.get(b, []) + [0] * k_max)[:k_max])
+        draft_ref = upload.ints(t for b in range(len(items))
+                                for t in ((looked_up[b].tokens if b in looked_up else []) + [0] * k_max)[:k_max])
         u_draft, u_verify = self._uniforms(items, drawn, num, k_max, upload)
         draft_plan = drafter.plan(items, k_max, upload) if drafter is not None else None
         forward: list[ForwardItem] = []
@@ -171,9 +185,11 @@ class SpeculativeStep:
             known = r.all_ids[r.num_computed:r.num_computed + it.num_new]
             fill_rows += range(row + len(known), row + len(known) + drawn[b])
             fill_src += range(b * k_max, b * k_max + drawn[b])
-            forward.append(ForwardItem(r.blocks, r.num_computed, known + looked_up.get(b, [0] * drawn[b]),
+            tree = looked_up.get(b)
+            forward.append(ForwardItem(r.blocks, r.num_computed, known + (tree.tokens if tree else [0] * drawn[b]),
                                        1 + num[b] if verifying[b] else 0, num_drafts=num[b],
-                                       extra_logits=it.prompt_rows))
+                                       extra_logits=it.prompt_rows,
+                                       draft_parents=tree.parents if tree and not tree.is_chain else None))
             row += len(known) + num[b]
             row_start.append(logits_row)
             logits_row += 1 + num[b] if verifying[b] else 0
@@ -203,17 +219,44 @@ class SpeculativeStep:
         return upload.floats(draft_u), upload.floats(verify_u)
 
     def _plan_verification(self, items: list[ScheduledRequest], plan: _Plan, upload: HostUpload) -> verifier.VerifyPlan:
+        """Each verified row's warping rule; its history is the drafts before it, the node's
+        ancestors in a tree."""
         rows: list[RowParams] = []
         history: list[tuple[int, int]] = []
+        shapes = [plan.looked_up.get(b) or DraftTree.chain([0] * plan.num[b]) for b in range(len(items))]
         for b, it in enumerate(items):
             if not plan.verifying[b]:
                 continue
-            for j in range(plan.num[b] + 1):
-                history += [(len(rows), b * plan.k_max + i) for i in range(j)]
-                rows.append(it.request.row_params(j))
+            before_rows: list[list[int]] = [[]] + [shapes[b].ancestors(j) for j in range(plan.num[b])]
+            for before in before_rows:
+                history += [(len(rows), b * plan.k_max + i) for i in before]
+                rows.append(it.request.row_params(len(before)))
         table = TablePlan.of(rows, self.target.vocab_size, upload, history)
         return verifier.VerifyPlan.of([1 + n if v else 0 for n, v in zip(plan.num, plan.verifying)], plan.num,
-                                      [d == 0 for d in plan.drawn], table, plan.k_max, upload)
+                                      [d == 0 for d in plan.drawn], table, plan.k_max, upload,
+                                      [t.parents for t in shapes] if plan.trees else None)
+
+    def _settle_tree(self, item: ScheduledRequest, tree: DraftTree, value: list[int],
+                     k_max: int) -> tuple[list[int], int]:
+        """After a tree's verification: move the accepted path's keys and values to the positions
+        the path now holds (node j's were written at position known + j). Returns the drafts the
+        commit sees (the accepted path, then the likelier branch below where it stopped: the chain
+        this pass amounts to, so acceptance is counted as for a chain) and how many accepted
+        tokens came from off the first chain. Only cache rows past the request's committed tokens
+        move: a step that fails later leaves nothing to undo."""
+        path = value[k_max + 2:k_max + 2 + value[k_max]]
+        known_end = item.request.num_computed + item.num_new
+        moves = [(known_end + node, known_end + d) for d, node in enumerate(path) if node != d]
+        if moves:
+            bs = self.target.cache.block_size
+            blocks = item.request.blocks
+            self.target.cache.copy_rows([token_rows(blocks, bs, s, s + 1)[0] for s, _ in moves],
+                                        [token_rows(blocks, bs, d, d + 1)[0] for _, d in moves])
+        rest, node = [], path[-1] if path else -1
+        while node in tree.parents:
+            node = tree.parents.index(node)
+            rest.append(tree.tokens[node])
+        return [tree.tokens[node] for node in path] + rest, sum(node >= tree.chain_length for node in path)
 
     def _grammar_masks(self, items: list[ScheduledRequest], plan: _Plan, drafts: torch.Tensor,
                        q: torch.Tensor | None) -> torch.Tensor | None:
@@ -231,7 +274,7 @@ class SpeculativeStep:
         for b, it in enumerate(items):
             if not verifying[b]:
                 continue
-            tokens = looked_up.get(b) or (known[b][:num[b]] if known is not None else [])
+            tokens = looked_up[b].tokens if b in looked_up else (known[b][:num[b]] if known is not None else [])
             live = b in looked_up or alive is None
             masks += [it.request.row_mask(tokens[:j], live or all(alive[b][:j])) for j in range(num[b] + 1)]  # type: ignore[index]
         return stack_masks(masks, self.target.vocab_size, drafts.device)

@@ -52,6 +52,10 @@ class EngineMetrics:
     accepted_tokens_by_source: dict[str, int] = field(default_factory=dict)
     # accepted_histogram[j]: verify passes (over all requests) that accepted j drafts.
     accepted_histogram: list[int] = field(default_factory=list)
+    # Verify passes whose drafts were a token tree, and the accepted tokens that came from off
+    # the tree's first chain (what a linear proposal of the same rows would not have offered).
+    tree_passes: int = 0
+    tree_branch_tokens: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -65,6 +69,8 @@ class EngineMetrics:
         self.accepted_tokens_by_source[source] = self.accepted_tokens_by_source.get(source, 0) + accepted
         count_into(self.accepted_histogram, accepted)
 
-    def record_step(self, draft_s: float, target_s: float) -> None:
+    def record_step(self, draft_s: float, target_s: float, tree_passes: int = 0, tree_branch_tokens: int = 0) -> None:
         self.total_draft_seconds += draft_s
         self.total_target_seconds += target_s
+        self.tree_passes += tree_passes
+        self.tree_branch_tokens += tree_branch_tokens

@@ -201,10 +201,15 @@ class PagedKVCache(Cache):
     def copy_blocks(self, src: Sequence[int], dst: Sequence[int]) -> None:
         """Copy whole blocks ``src[i]`` into ``dst[i]`` (a cached prompt prefix handed to another
         request): a memory copy instead of a forward."""
-        if not src:
-            return
-        src_rows = torch.tensor(token_rows(src, self.block_size, 0, len(src) * self.block_size), device=self.device)
-        dst_rows = torch.tensor(token_rows(dst, self.block_size, 0, len(dst) * self.block_size), device=self.device)
+        if src:
+            self.copy_rows(token_rows(src, self.block_size, 0, len(src) * self.block_size),
+                           token_rows(dst, self.block_size, 0, len(dst) * self.block_size))
+
+    def copy_rows(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        """Copy flat cache rows ``src[i]`` into ``dst[i]`` in every layer (every source is read
+        before any row is written, so the two may overlap)."""
+        src_rows = torch.tensor(src, device=self.device)
+        dst_rows = torch.tensor(dst, device=self.device)
         for cache in (*self.keys, *self.values):
             cache.index_copy_(1, dst_rows, cache.index_select(1, src_rows))
 

@@ -58,7 +58,11 @@ class ForwardItem:
     many of its tokens are already cached; ``tokens`` are fed at positions
     ``start..start+len(tokens)-1``; logits are returned for the last ``num_logits`` of them. The
     last ``num_drafts`` tokens are speculative: each is attended on its own, exactly as if it were
-    decoded alone (see ``native_llama``). ``extra_logits``: logits also come back for that many
+    decoded alone (see ``native_llama``). ``draft_parents``: the drafts form a token tree, draft j
+    following draft ``draft_parents[j]`` (-1: the last known token; parents precede children):
+    draft j sits at position ``start + known + depth(j) - 1`` and attends to the known tokens and
+    its own ancestors only, its keys written at cache position ``start + known + j`` (None: a
+    chain, parent j - 1; ``supports_trees`` says where trees run). ``extra_logits``: logits also come back for that many
     rows before the last ``num_logits`` (a prompt's rows, for its log-probabilities); they follow
     every item's last ``num_logits`` rows, so the rows verification reads keep their places.
     """
@@ -69,6 +73,22 @@ class ForwardItem:
     num_logits: int
     num_drafts: int = 0
     extra_logits: int = 0
+    draft_parents: list[int] | None = None
+
+    def positions(self) -> list[int]:
+        """Each fed token's position (a tree's drafts share positions by depth)."""
+        end = self.start + len(self.tokens)
+        if self.draft_parents is None:
+            return list(range(self.start, end))
+        known_end = end - self.num_drafts
+        return list(range(self.start, known_end)) + [known_end + len(a) - 1 for a in self.tree_paths()]
+
+    def tree_paths(self) -> list[list[int]]:
+        """Per draft, the drafts from the root's child down to itself (what it attends to)."""
+        paths: list[list[int]] = []
+        for j, p in enumerate(self.draft_parents or range(-1, self.num_drafts - 1)):
+            paths.append((paths[p] if p >= 0 else []) + [j])
+        return paths
 
 
 class ModelRunner:
@@ -137,6 +157,14 @@ class ModelRunner:
             self.lm_head = model.get_output_embeddings()
             self.path = "transformers"
 
+    @property
+    def supports_trees(self) -> bool:
+        """Token trees (``ForwardItem.draft_parents``) run on the native segmented path, where
+        every draft is its own attention call over exactly its keys (so a tree's nodes keep the
+        bits a plain decode of their path gives); the packed and transformers paths mask by
+        position, which a tree does not follow."""
+        return self.native is not None and self.attention == "segments"
+
     def forward(self, items: list[ForwardItem]) -> torch.Tensor:
         """Return float32 logits ``[sum(num_logits), vocab_size]`` in item order (one upload)."""
         upload = HostUpload()
@@ -145,6 +173,9 @@ class ModelRunner:
 
     def plan(self, items: list[ForwardItem], upload: HostUpload) -> ForwardPlan:
         """Place a forward's indices in ``upload``; ``run`` it once the upload is sent."""
+        if not self.supports_trees and any(it.draft_parents is not None for it in items):
+            raise ValueError(f"token trees need the native segmented attention path (this runner: {self.path}, "
+                             f"{self.attention})")
         if self.native is not None:
             return self._plan_native(items, upload)
         return self._plan_packed(items, upload)
@@ -182,7 +213,7 @@ class ModelRunner:
         for it in items:
             n, row = len(it.tokens), len(ids)
             ids += it.tokens
-            pos += range(it.start, it.start + n)
+            pos += it.positions()
             write += token_rows(it.blocks, bs, it.start, it.start + n)
             logit_rows += range(row + n - it.num_logits, row + n)
             extra_rows += range(row + n - it.num_logits - it.extra_logits, row + n - it.num_logits)
@@ -219,7 +250,14 @@ class ModelRunner:
                 segments.append((row + pos - it.start, stop - pos, base, stop, group))
                 pos = stop
             row += known_end - it.start
-            segments += [(row + j, 1, base, known_end + j + 1, group) for j in range(it.num_drafts)]
+            if it.draft_parents is None:
+                segments += [(row + j, 1, base, known_end + j + 1, group) for j in range(it.num_drafts)]
+            else:  # a tree node's keys: the known tokens', then its ancestors' and its own
+                known = token_rows(it.blocks, bs, 0, known_end)
+                slots = token_rows(it.blocks, bs, known_end, end)
+                for j, path in enumerate(it.tree_paths()):
+                    segments.append((row + j, 1, 0, known_end + len(path), len(gathers)))
+                    gathers.append(upload.ints(known + [slots[a] for a in path]))
             row += it.num_drafts
         return segments, gathers
 

@@ -6,7 +6,7 @@ No model runs, so a lookup costs only verification rows; its q is one-hot on the
 from __future__ import annotations
 
 from specdec_core.engine.request import Request
-from specdec_core.engine.step_plan import ScheduledRequest
+from specdec_core.speculation.draft_tree import DraftTree
 from specdec_core.speculation.ngram_index import NgramIndex
 
 
@@ -31,7 +31,6 @@ class NgramProposer:
             tokens = tokens[: req.grammar.valid_prefix(tokens)]
         return tokens
 
-    def propose(self, items: list[ScheduledRequest]) -> dict[int, list[int]]:
-        """Drafts of the items the policy gave to n-gram lookup, by item index."""
-        return {b: self.lookup(it.request, it.num_drafts) for b, it in enumerate(items)
-                if it.source == "ngram" and it.num_drafts}
+    def lookup_tree(self, req: Request, k: int) -> DraftTree:
+        """The lookup as a chain: a request's own text offers one continuation per match."""
+        return DraftTree.chain(self.lookup(req, k))

@@ -23,14 +23,16 @@ from specdec_core.engine.request import Request
 from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.speculation.acceptance import Source, expected_tokens
 from specdec_core.speculation.cost_model import StepCostModel
+from specdec_core.speculation.draft_tree import DraftTree
 
 
 class LookupProposer(Protocol):
     """A proposer that runs no model (n-gram, suffix): its drafts are a function of the text it
     has seen, and its q is one-hot on them."""
 
-    def lookup(self, req: Request, k: int) -> list[int]:
-        """Up to ``k`` drafts for ``req`` (fewer, or none, where it has no confident match)."""
+    def lookup_tree(self, req: Request, k: int) -> DraftTree:
+        """Up to ``k`` drafts for ``req`` (fewer, or none, where it has no confident match), a
+        chain or a token tree (``draft_tree``); k counts verified rows either way."""
         ...
 
 PROBE_INTERVAL = 32  # a request that never pays speculates one token every this many steps
@@ -109,7 +111,7 @@ class SpeculationPolicy:
             if self.method not in (source, "auto"):
                 continue
             # A completing item has every known token, so the lookup sees the full text.
-            found = len(proposer.lookup(req, cap))
+            found = len(proposer.lookup_tree(req, cap))
             if found:
                 options.append((source, found))
         if self.method in ("draft", "auto"):

@@ -20,7 +20,8 @@ changes speed only.
 from __future__ import annotations
 
 from specdec_core.engine.request import Request
-from specdec_core.speculation.suffix_trie import Proposal, SuffixCache, SuffixIndex
+from specdec_core.speculation.draft_tree import DraftTree
+from specdec_core.speculation.suffix_trie import Proposal, SuffixCache, SuffixIndex, SuffixTrie
 
 MIN_TOKEN_PROB = 0.1  # stop a proposal at a token that followed its context less often than this
 SPEC_FACTOR = 1.0  # propose at most this many tokens per token of match (vLLM's max_spec_factor)
@@ -29,12 +30,14 @@ SPEC_FACTOR = 1.0  # propose at most this many tokens per token of match (vLLM's
 class SuffixProposer:
     """Proposes each request's continuation from its own ``SuffixIndex`` and the global cache."""
 
-    def __init__(self, depth: int, cache_tokens: int) -> None:
+    def __init__(self, depth: int, cache_tokens: int, trees: bool = False) -> None:
         """``depth``: the tries' depth; a match uses at most half of it, so a proposal can run
-        at least the other half. ``cache_tokens``: the global trie's token budget."""
+        at least the other half. ``cache_tokens``: the global trie's token budget. ``trees``:
+        propose token trees (``lookup_tree``) to requests that take them."""
         self.depth = depth
         self.max_match = depth // 2
         self.cache = SuffixCache(depth, cache_tokens)
+        self.trees = trees
 
     def new_index(self) -> SuffixIndex:
         return SuffixIndex(self.depth)
@@ -61,6 +64,22 @@ class SuffixProposer:
         if tokens and req.grammar is not None:
             tokens = tokens[: req.grammar.valid_prefix(tokens)]
         return tokens
+
+    def lookup_tree(self, req: Request, k: int) -> DraftTree:
+        """Up to ``k`` drafts as a tree of the likeliest continuations (``SuffixTrie.propose_tree``)
+        where trees are on and the request takes one (``Request.takes_tree``), else ``lookup``'s
+        chain. Own trie against global as in ``proposal``, by the trees' scores."""
+        if not self.trees or not req.takes_tree or req.suffix is None or k <= 0:
+            return DraftTree.chain(self.lookup(req, k))
+        req.suffix.catch_up(req.all_ids)
+        context = req.all_ids[-self.max_match:]
+        tries: list[SuffixTrie] = [req.suffix.trie] + ([self.cache.trie] if not req.seeded and len(self.cache) else [])
+        best, best_score = DraftTree([]), 0.0
+        for trie in tries:
+            tree, _, score = trie.propose_tree(context, k, self.max_match, MIN_TOKEN_PROB, SPEC_FACTOR)
+            if score > best_score:
+                best, best_score = tree, score
+        return best
 
     def retire(self, req: Request) -> None:
         """A finished request's output joins the global trie (the oldest outputs leave it when the

@@ -14,9 +14,12 @@ n * D nodes (fewer where text repeats), so a token budget is a memory bound.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
+
+from specdec_core.speculation.draft_tree import DraftTree
 
 
 class _Node:
@@ -163,6 +166,64 @@ class SuffixTrie:
             tokens.append(token)
             node = child
         return Proposal(tokens, m, score)
+
+
+    def propose_tree(self, context: list[int], k: int, max_match: int, min_prob: float,
+                     spec_factor: float) -> tuple[DraftTree, int, float]:
+        """The ``k`` likeliest continuations of the longest match as one tree: nodes are taken
+        best-first by path probability (the product of the count ratios from the match), each
+        child at least ``min_prob`` of its parent's count, no deeper than
+        ``ceil(spec_factor x match length)``; returns the tree, the match length and its score
+        (the sum of the nodes' path probabilities: the expected tokens accepted). Where the trie
+        does not branch this is ``propose``'s chain; where it does, the same number of nodes is
+        worth more (a parent is always taken before its children, the likelier sibling first)."""
+        m, node = self.longest_match(context, max_match)
+        if node is None or k <= 0:
+            return DraftTree([]), 0, 0.0
+        limit = math.ceil(spec_factor * m)
+        order = 0  # a total order on ties, so a lookup is a function of the counts
+        heap: list[tuple[float, int, int, int, _Node]] = []
+
+        def push(parent_node: _Node, parent: int, prob: float, depth: int) -> None:
+            nonlocal order
+            if depth >= limit or not parent_node.children:
+                return
+            for token, child in sorted(parent_node.children.items(), key=lambda kv: (-kv[1].count, kv[0])):
+                p = child.count / parent_node.count
+                if p < min_prob:
+                    break
+                heapq.heappush(heap, (-prob * p, order, parent, token, child))
+                order += 1
+
+        depth_of: list[int] = []
+        picked: list[tuple[int, int, int]] = []  # (parent, token, order) in the order taken
+        score = 0.0
+        push(node, -1, 1.0, 0)
+        while heap and len(picked) < k:
+            neg, rank, parent, token, child = heapq.heappop(heap)
+            picked.append((parent, token, rank))
+            depth_of.append(1 + (depth_of[parent] if parent >= 0 else 0))
+            score -= neg
+            push(child, len(picked) - 1, -neg, depth_of[-1])
+        return _preorder(picked), m, score
+
+
+def _preorder(picked: list[tuple[int, int, int]]) -> DraftTree:
+    """Picked nodes renumbered depth first, each node's children in the order they were ranked
+    (likelier first), so the first nodes are the greedy chain."""
+    children: dict[int, list[int]] = {}
+    for i, (parent, _, _) in enumerate(picked):
+        children.setdefault(parent, []).append(i)
+    tokens: list[int] = []
+    parents: list[int] = []
+    stack = [(i, -1) for i in sorted(children.get(-1, []), key=lambda i: picked[i][2], reverse=True)]
+    while stack:
+        i, new_parent = stack.pop()
+        tokens.append(picked[i][1])
+        parents.append(new_parent)
+        here = len(tokens) - 1
+        stack += [(c, here) for c in sorted(children.get(i, []), key=lambda c: picked[c][2], reverse=True)]
+    return DraftTree(tokens, parents)
 
 
 class SuffixIndex:

@@ -19,6 +19,7 @@ import torch
 
 from specdec_core.decoding.sampling import TablePlan, apply, sample
 from specdec_core.execution.host_upload import HostUpload, Ref
+from specdec_core.speculation.tree_verifier import TreeResult, verify_tree, verify_tree_greedy
 
 
 @dataclass
@@ -88,28 +89,36 @@ class VerifyPlan:
     one_hot: Ref
     table: TablePlan
     k_max: int
+    parents: Ref | None = None  # [B, K] when some item's drafts are a token tree (``tree_verifier``)
 
     @classmethod
     def of(cls, num_rows: list[int], num_drafts: list[int], one_hot: list[bool], table: TablePlan,
-           k_max: int, upload: HostUpload) -> "VerifyPlan":
-        """``num_rows[b]``: item b's logits rows (0: it is still in prefill and verifies nothing)."""
+           k_max: int, upload: HostUpload, parents: list[list[int]] | None = None) -> "VerifyPlan":
+        """``num_rows[b]``: item b's logits rows (0: it is still in prefill and verifies nothing);
+        ``parents[b]``: item b's draft tree's parents (a chain's are j - 1), where a tree is in the step."""
         rows, start = [], 0
         for n in num_rows:
             rows += [start + min(j, max(n - 1, 0)) for j in range(k_max + 1)]
             start += n
-        return cls(upload.ints(rows), upload.ints(num_drafts), upload.ints(int(x) for x in one_hot), table, k_max)
+        tree = upload.ints(p for ps in parents for p in (ps + [-1] * k_max)[:k_max]) if parents is not None else None
+        return cls(upload.ints(rows), upload.ints(num_drafts), upload.ints(int(x) for x in one_hot), table, k_max, tree)
 
 
 def verify_step(logits: torch.Tensor, plan: VerifyPlan, upload: HostUpload, drafts: torch.Tensor,
                 draft_probs: torch.Tensor | None, u: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
     """Warp the target rows, verify every item, and pack ``[B, K+2]``: its drafts, how many were
     accepted, the token that follows them. ``u`` ``[B, K+1]``: each item's uniforms; ``masks``:
-    grammar masks of the target rows (None without grammars)."""
+    grammar masks of the target rows (None without grammars). With token trees in the step
+    (``plan.parents``) it packs ``[B, 2K+2]``: the drafts, how many were accepted, the token that
+    follows, then the accepted path's nodes (a chain's path is its first drafts)."""
     table = plan.table.table(upload)
     table.allowed = masks
     bsz, k_max = drafts.shape
     rows, num = upload[plan.rows].view(bsz, k_max + 1), upload[plan.num_drafts]
     probs = apply(logits, table, drafts)
+    if plan.parents is not None:
+        return _verify_trees(probs, rows, upload[plan.parents].view(bsz, k_max), drafts, num, u, table.all_greedy,
+                             draft_probs, upload[plan.one_hot].bool())
     if table.all_greedy:
         result = verify_greedy(probs.argmax(dim=-1)[rows], drafts, num)
     else:
@@ -121,3 +130,26 @@ def verify_step(logits: torch.Tensor, plan: VerifyPlan, upload: HostUpload, draf
     accepted = torch.as_tensor(result.num_accepted, device=drafts.device)
     final = torch.as_tensor(result.final_token, device=drafts.device)
     return torch.cat([drafts, accepted[:, None], final[:, None]], dim=1)
+
+
+def _verify_trees(probs: torch.Tensor, rows: torch.Tensor, parents: torch.Tensor, drafts: torch.Tensor,
+                  num: torch.Tensor, u: torch.Tensor, greedy: bool, draft_probs: torch.Tensor | None,
+                  one_hot: torch.Tensor) -> torch.Tensor:
+    """A step with token trees: one-hot items (trees and lookup chains) by the tree rule, which on
+    a chain is the linear one; where the draft model drew, its q needs the linear rule (its
+    items are chains: their path is their drafts)."""
+    bsz, k_max = drafts.shape
+    if greedy:
+        tree = verify_tree_greedy(probs.argmax(dim=-1)[rows], drafts, parents, num)
+    else:
+        p = probs.index_select(0, rows.reshape(-1)).view(bsz, k_max + 1, -1)
+        tree = verify_tree(p, drafts, parents, num, u[:, :k_max], u.gather(1, num[:, None]).squeeze(1))
+        if draft_probs is not None:
+            q = torch.where(one_hot[:, None, None], torch.zeros_like(draft_probs).scatter_(2, drafts[:, :, None], 1.0),
+                            draft_probs)
+            linear = verify(p, q, drafts, num, u[:, :k_max], u.gather(1, num[:, None]).squeeze(1))
+            chain = torch.arange(k_max, device=drafts.device).expand(bsz, k_max)
+            tree = TreeResult(torch.where(one_hot[:, None], tree.path, chain),
+                              torch.where(one_hot, tree.accepted, torch.as_tensor(linear.num_accepted)),
+                              torch.where(one_hot, tree.final, torch.as_tensor(linear.final_token)))
+    return torch.cat([drafts, tree.accepted[:, None], tree.final[:, None], tree.path], dim=1)

@@ -1,0 +1,67 @@
+"""A token tree of drafts: several continuations verified in one target forward (a leaf module).
+
+A lookup that knows more than one likely continuation (the suffix trie's counts) proposes them
+all as a tree; the target scores every node once, each node attending to the request's tokens
+and its own ancestors only, and verification keeps the longest path the target agrees with. For
+the same verified rows a tree commits more tokens than one chain (SpecInfer, arXiv 2305.09781;
+suffix decoding's tree mode, arXiv 2411.04975).
+
+Nodes are in preorder with the likelier child first, so ``parents[j] < j``, and the first nodes
+are the chain a linear proposal would have given as far as the tree keeps it: a chain is the
+tree whose node j has parent j - 1, and it is verified and scored exactly as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """``tokens[j]`` follows node ``parents[j]`` (-1: the request's last token). Siblings carry
+    distinct tokens (at most one of them can be the target's choice)."""
+
+    tokens: list[int]
+    parents: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.parents:
+            object.__setattr__(self, "parents", list(range(-1, len(self.tokens) - 1)))
+        if len(self.parents) != len(self.tokens) or any(not -1 <= p < j for j, p in enumerate(self.parents)):
+            raise ValueError("a draft tree's parents must precede their children")
+
+    @staticmethod
+    def chain(tokens: list[int]) -> "DraftTree":
+        return DraftTree(list(tokens))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def chain_length(self) -> int:
+        """How many first nodes form a chain (node j's parent j - 1): the linear proposal in it."""
+        return next((j for j, p in enumerate(self.parents) if p != j - 1), len(self.parents))
+
+    @property
+    def is_chain(self) -> bool:
+        return self.chain_length == len(self.parents)
+
+    def depths(self) -> list[int]:
+        """Depth of every node: 1 for a child of the request's last token."""
+        depth: list[int] = []
+        for p in self.parents:
+            depth.append(1 + (depth[p] if p >= 0 else 0))
+        return depth
+
+    def ancestors(self, j: int) -> list[int]:
+        """The nodes from the root's child down to ``j`` itself (the path ``j`` continues)."""
+        path = []
+        while j >= 0:
+            path.append(j)
+            j = self.parents[j]
+        return path[::-1]
+
+    @property
+    def depth(self) -> int:
+        """The longest path: how many tokens one verify pass can accept at most."""
+        return max(self.depths(), default=0)
