@@ -50,8 +50,9 @@ def test_same_server_pairing_gives_both_arms_the_same_cache_and_counts_each_prop
     for u in units:
         assert sum(d for d, _ in u["on_by_source"].values()) == u["on_draft_tokens"]
         assert sum(a for _, a in u["on_by_source"].values()) == u["on_accepted_tokens"]
-        assert u["off_by_source"] == {} and u["off_draft_tokens"] == 0
+        assert u["off_by_source"] == {} and u["off_draft_tokens"] == 0 and u["off_trees"] == [0, 0]
     assert sum(d for d, _ in cell["by_source"].values()) == sum(u["on_draft_tokens"] for u in units) > 0
+    assert cell["trees"] == [sum(u["on_trees"][i] for u in units) for i in (0, 1)]  # token trees, reported apart
 
 
 def test_an_a_a_control_run_sends_no_speculation_in_either_arm(tiny_server, tmp_path: Path) -> None:

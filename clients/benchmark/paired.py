@@ -44,6 +44,9 @@ from .workload import Workload, auth_headers, run_workload, warm_up
 ARMS = ("on", "off")
 OFF = {"speculative": False}
 BY_SOURCE = {"specdec_spec_decode_draft_tokens_by_source": 0, "specdec_spec_decode_accepted_tokens_by_source": 1}
+# Token trees, reported beside the proposers: verify passes of a tree / accepted tokens off its first chain.
+TREES = "trees"
+TREE_COUNTERS = {"specdec_spec_decode_tree_passes": 0, "specdec_spec_decode_tree_branch_tokens": 1}
 
 
 @dataclass
@@ -58,6 +61,7 @@ class Arm:
     failed: int = 0
     texts: list[str] = field(default_factory=list)
     by_source: dict[str, list[int]] = field(default_factory=dict)  # proposer -> [drafted, accepted]
+    trees: list[int] = field(default_factory=lambda: [0, 0])  # token-tree verify passes, accepted tokens off-chain
 
 
 @dataclass
@@ -83,6 +87,7 @@ class PairedRow:
     same_as_off: str
     failed: int
     by_source: dict[str, list[int]] = field(default_factory=dict)
+    trees: list[int] = field(default_factory=lambda: [0, 0])
 
 
 def ratio(units: list[Unit]) -> float:
@@ -113,17 +118,19 @@ def make_units(workloads: dict[str, list[Workload]], concurrency: list[int]) -> 
 
 
 async def speculation_by_source(client: httpx.AsyncClient) -> dict[str, list[int]]:
-    """The server's ``/metrics`` counters: proposer -> [draft tokens, accepted tokens] so far."""
+    """The server's ``/metrics`` counters: proposer -> [draft tokens, accepted tokens] so far, and
+    ``TREES`` -> [tree verify passes, accepted tokens off a tree's first chain]."""
     r = await client.get("/metrics")
     r.raise_for_status()
     counts: dict[str, list[int]] = {}
     for family in text_string_to_metric_families(r.text):
-        column = BY_SOURCE.get(family.name)
+        column = BY_SOURCE.get(family.name, TREE_COUNTERS.get(family.name))
         if column is None:
             continue
         for sample in family.samples:
             if sample.name.endswith("_total"):
-                counts.setdefault(sample.labels["source"], [0, 0])[column] += int(sample.value)
+                source = sample.labels.get("source", TREES)
+                counts.setdefault(source, [0, 0])[column] += int(sample.value)
     return counts
 
 
@@ -135,7 +142,9 @@ async def _run_arm(client: httpx.AsyncClient, unit: Unit, model: str, args, extr
     after = await speculation_by_source(client)
     for source, (drafted, accepted) in after.items():
         was = before.get(source, [0, 0])
-        if drafted > was[0]:
+        if source == TREES:
+            arm.trees = [drafted - was[0], accepted - was[1]]
+        elif drafted > was[0]:
             arm.by_source[source] = [drafted - was[0], accepted - was[1]]
     results: list[RequestResult] = [r for batch in batches for r in batch]
     for r in results:
@@ -200,7 +209,8 @@ def summarize_cells(mode: str, units: list[Unit], args) -> list[PairedRow]:
             ratio=round(ratio(cell), 3), ratio_lo=round(lo, 3), ratio_hi=round(hi, 3),
             acceptance_rate=round(sum(a.accepted_tokens for a in on) / drafted, 4) if drafted else None,
             same_as_off=f"{same}/{len(cell)}", failed=sum(a.failed for a in on + off),
-            by_source=merge_sources(a.by_source for a in on)))
+            by_source=merge_sources(a.by_source for a in on),
+            trees=[sum(a.trees[0] for a in on), sum(a.trees[1] for a in on)]))
     return rows
 
 
@@ -231,7 +241,9 @@ def print_paired(rows: list[PairedRow]) -> None:
         print(f"{r.mode:<8} {r.kind:<9} {r.concurrency:>4} {r.units:>5} {r.on_tok_s:>9.2f} {r.off_tok_s:>9.2f} "
               f"{r.ratio:>7.3f} {f'[{r.ratio_lo:.3f}, {r.ratio_hi:.3f}]':>15} "
               f"{fmt(r.acceptance_rate, '.2f'):>6} {r.same_as_off:>6}")
-    print("drafted/accepted tokens by proposer (on arms, from /metrics):")
+    print("drafted/accepted tokens by proposer; token-tree passes and accepted tokens off their first chain "
+          "(on arms, from /metrics):")
     for r in rows:
-        print(f"  {r.mode} {r.kind} c={r.concurrency}: {format_sources(r.by_source)}")
+        print(f"  {r.mode} {r.kind} c={r.concurrency}: {format_sources(r.by_source)}; "
+              f"trees {r.trees[0]} passes, {r.trees[1]} branch tokens")
     print()

@@ -253,13 +253,33 @@ class ModelRunner:
             if it.draft_parents is None:
                 segments += [(row + j, 1, base, known_end + j + 1, group) for j in range(it.num_drafts)]
             else:  # a tree node's keys: the known tokens', then its ancestors' and its own
-                known = token_rows(it.blocks, bs, 0, known_end)
-                slots = token_rows(it.blocks, bs, known_end, end)
-                for j, path in enumerate(it.tree_paths()):
-                    segments.append((row + j, 1, 0, known_end + len(path), len(gathers)))
-                    gathers.append(upload.ints(known + [slots[a] for a in path]))
+                segments += self._tree_segments(it, row, known_end, gathers, upload)
             row += it.num_drafts
         return segments, gathers
+
+    def _tree_segments(self, it: ForwardItem, row: int, known_end: int, gathers: list[Ref],
+                       upload: HostUpload) -> list[tuple[int, int, int, int, int]]:
+        """One segment per node of a token tree, over the known tokens' keys and its path's. A
+        node's path is a prefix of the path down its first children to a leaf (the tree is in
+        preorder), so one key list per leaf serves every node above it, as one list serves a chain."""
+        bs = self.cache.block_size
+        known = token_rows(it.blocks, bs, 0, known_end)
+        slots = token_rows(it.blocks, bs, known_end, known_end + it.num_drafts)
+        paths = it.tree_paths()
+        first_child: dict[int, int] = {}
+        for j, p in enumerate(it.draft_parents or []):
+            first_child.setdefault(p, j)
+        leaf_lists: dict[int, int] = {}
+        segments = []
+        for j, path in enumerate(paths):
+            leaf = j
+            while leaf in first_child:
+                leaf = first_child[leaf]
+            if leaf not in leaf_lists:
+                leaf_lists[leaf] = len(gathers)
+                gathers.append(upload.ints(known + [slots[a] for a in paths[leaf]]))
+            segments.append((row + j, 1, 0, known_end + len(path), leaf_lists[leaf]))
+        return segments
 
     def _plan_packed_attention(self, items: list[ForwardItem], upload: HostUpload) -> ForwardPlan:
         """One attention call per layer: every request is a group of up to ``q_max`` rows over
