@@ -36,7 +36,7 @@ from specdec_core.speculation.cost_model import CostTable, StepCostModel
 
 log = logging.getLogger("specdec.cost_model")
 
-FORMAT = 1
+FORMAT = 2  # 2: the live tables keep the measured shape (format 1's were corrected bucket by bucket)
 SAVE_INTERVAL_S = 60.0
 
 

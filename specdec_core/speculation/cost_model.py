@@ -10,14 +10,18 @@ produce and interpolates between them:
 - ``draft(n)``: one draft forward of ``n`` requests (a draft position of a step).
 
 Start-up costs are measured at a fixed cached context, so they say nothing about what else is
-running; ``observe_*`` then moves a live copy of each table toward what real steps cost (an
-exponential moving average per size bucket: longer contexts, a loaded machine), and the live
-tables are what ``cost_cache`` saves for the next start. Requests whose choice must not depend on
+running; ``observe_*`` then rescales a live copy of each table, every size by the same factor, toward
+what real steps cost (an exponential moving average of observed / predicted: longer contexts, a
+loaded machine), and the live tables are what ``cost_cache`` saves for the next start. The shape
+(what n tokens cost against one) stays the measured one: corrected bucket by bucket, it drifted
+with whichever shapes happened to run at long contexts (on the default pair at c=1, after ~40,000
+steps over several starts: 2 tokens 157 ms, 3 tokens 76 ms, 1 token 69 ms), and a bucket the
+correction made too dear was never chosen again, so never corrected (4 and 5 tokens stayed at
+146-157 ms: ``auto`` stopped drafting past 2 tokens). Requests whose choice must not depend on
 other requests use the ``frozen`` tables only, fixed for the engine's lifetime.
 
 The first calibration is bounded (``CALIBRATION_BUDGET_S``): the small shapes are timed first,
-and every shape the budget leaves out gets the timed ones' extrapolation, a bucket of its own
-that real steps then correct.
+and every shape the budget leaves out gets the timed ones' extrapolation.
 """
 
 from __future__ import annotations
@@ -56,12 +60,31 @@ def _grid(limit: int) -> list[int]:
     return sorted({p for p in points if p < limit} | {limit})
 
 
+def non_decreasing(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares: runs that decrease become their mean."""
+    runs: list[list[float]] = []  # [sum, count]
+    for v in values:
+        runs.append([v, 1])
+        while len(runs) > 1 and runs[-2][0] * runs[-1][1] > runs[-1][0] * runs[-2][1]:
+            total, count = runs.pop()
+            runs[-1][0] += total
+            runs[-1][1] += count
+    return [total / count for total, count in runs for _ in range(int(count))]
+
+
 @dataclass
 class CostTable:
     """Seconds of one forward at grid sizes; linear between points, linear past the last one."""
 
     sizes: list[int]
     seconds: list[float]
+
+    def __post_init__(self) -> None:
+        # A bigger step never costs less. Timing noise can say so (the fastest of three runs, on
+        # the default pair here: 2 tokens 85.4 ms, 3 tokens 81.5 ms), and with the shape kept for
+        # good (``rescale``) a policy would prefer the larger step for ever: such neighbours are
+        # replaced by their mean (pool adjacent violators).
+        self.seconds = non_decreasing(self.seconds)
 
     def __call__(self, n: float) -> float:
         sizes, secs = self.sizes, self.seconds
@@ -77,19 +100,11 @@ class CostTable:
     def copy(self) -> "CostTable":
         return CostTable(list(self.sizes), list(self.seconds))
 
-    def observe(self, n: float, ratio: float) -> None:
-        """A real forward of size ``n`` cost ``ratio`` times what the table says: move the grid
-        points that predict ``n`` toward it, each by its interpolation weight (one exponential
-        moving average per bucket; past the last point, the last point alone)."""
-        sizes = self.sizes
-        i = bisect.bisect_left(sizes, n)
-        if i == 0 or i >= len(sizes):
-            weights = [(min(i, len(sizes) - 1), 1.0)]
-        else:
-            w = (n - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
-            weights = [(i - 1, 1.0 - w), (i, w)]
-        for j, weight in weights:
-            self.seconds[j] *= 1.0 + (1.0 - SCALE_DECAY) * weight * (ratio - 1.0)
+    def rescale(self, ratio: float) -> None:
+        """A real forward cost ``ratio`` times what the table says: move every point toward it by
+        the same factor (an exponential moving average of the level; the shape stays)."""
+        factor = 1.0 + (1.0 - SCALE_DECAY) * (ratio - 1.0)
+        self.seconds = [s * factor for s in self.seconds]
 
 
 @dataclass
@@ -118,7 +133,7 @@ class StepCostModel:
         """A real decode step scored ``n`` tokens in ``seconds``: move the live table toward it."""
         predicted = self.live_target(n)
         if predicted > 0 and seconds > 0:
-            self.live_target.observe(n, seconds / predicted)
+            self.live_target.rescale(seconds / predicted)
             self.observed_steps += 1
 
     def observe_draft(self, forwards: list[int], seconds: float) -> None:
@@ -127,8 +142,7 @@ class StepCostModel:
             return
         predicted = sum(self.live_draft(n) for n in forwards)
         if predicted > 0 and seconds > 0:
-            for n in forwards:
-                self.live_draft.observe(n, seconds / predicted)
+            self.live_draft.rescale(seconds / predicted)
 
     def describe(self, live: bool = False) -> str:
         def row(table: CostTable) -> str:
@@ -154,7 +168,7 @@ def calibrate(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max
     requests). Bounded by
     ``budget_s``: after the shapes every table needs (``_REQUIRED``), a shape is timed only while
     time is left (one already started is finished); the small shapes come first. Untimed shapes
-    get the timed ones' inter- or extrapolation, which real steps then correct bucket by bucket."""
+    get the timed ones' inter- or extrapolation."""
     t0 = time.perf_counter()
     bench = _Bench(max_len, max_tokens_per_seq)
     tables = _tables(target, max_seqs, bench.context + max_tokens_per_seq)
