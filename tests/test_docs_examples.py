@@ -86,7 +86,8 @@ def script_runs(command: str) -> list[tuple[Path, str]]:
 
 
 def flags(arguments: str) -> list[str]:
-    return re.findall(r"(?<![\w$-])(--[a-z][a-z0-9-]*)", arguments)
+    """The flags given (``--x=--y`` gives ``--y`` as the value of ``--x``: not a flag)."""
+    return re.findall(r"(?<![\w$=-])(--[a-z][a-z0-9-]*)", arguments)
 
 
 def module_file(name: str, search: list[Path]) -> Path | None:
