@@ -17,7 +17,7 @@ import random
 
 import pytest
 import torch
-from conftest import TEST_BLOCK, load, region, slot_runner
+from conftest import load, region, slot_runner
 
 import specdec_core.speculation.tree_verifier as tree_verifier
 from specdec_core import Engine, EngineConfig, SamplingParams
@@ -89,7 +89,6 @@ def test_paths_that_mask_by_position_refuse_trees(models):
     assert not packed.supports_trees
     with pytest.raises(ValueError, match="token trees"):
         packed.forward([ForwardItem(region(0, MAX_LEN), 0, [1, 2, 3], 3, num_drafts=2, draft_parents=[-1, -1])])
-    assert TEST_BLOCK == 16
 
 
 # ---------------------------------------------------------------- the suffix trie's trees
