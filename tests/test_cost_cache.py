@@ -108,10 +108,14 @@ def test_the_first_calibration_keeps_to_its_budget(pair, caplog) -> None:
     assert costs.target_table.sizes == [1, 2, 3, 4, 6, 8, 12]
     assert costs.draft_table is not None and costs.draft_table.sizes == [1, 2, 3, 4]
     t, d = costs.target_table.seconds, costs.draft_table.seconds
-    assert t[2] == pytest.approx(max(t[0] + 2 * (t[1] - t[0]), t[0], t[1]))
-    # The two timed sizes are whatever the machine gave (a loaded one may time 1 token slower
-    # than 2); every extrapolated size is at least every smaller size's cost.
-    assert all(t[i] >= max(t[:i]) for i in range(2, len(t)))
+    # The two timed sizes are whatever the machine gave. Timed in order, 3 tokens extend their
+    # line; a loaded machine may time 1 token slower than 2, and then the two are pooled
+    # (``non_decreasing``). Either way no size costs less than a smaller one.
+    if t[0] < t[1]:
+        assert t[2] == pytest.approx(t[0] + 2 * (t[1] - t[0]))
+    else:
+        assert t[0] == pytest.approx(t[1]) and t[2] >= t[1]
+    assert all(t[i] >= t[i - 1] for i in range(1, len(t)))
     assert d == pytest.approx([d[0] * n for n in (1, 2, 3, 4)])
     assert "3 of 11 shapes timed, the others extrapolated" in caplog.text and "cap 0 s" in caplog.text
 
