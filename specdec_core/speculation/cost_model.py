@@ -197,7 +197,7 @@ def calibrate(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max
     done = len(timed["target"]) + len(timed["draft"])
     log.info("step costs measured in %.1f s (cap %.0f s; %d of %d shapes timed%s; %.1f s of it giving the "
              "requests their %d cached tokens): %s", time.perf_counter() - t0, budget_s, done, len(shapes),
-             "" if done == len(shapes) else ", the others extrapolated until real steps correct them",
+             "" if done == len(shapes) else ", the others extrapolated",
              bench.fill_seconds, bench.context, model.describe())
     return model
 
