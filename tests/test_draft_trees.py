@@ -63,10 +63,10 @@ def test_every_node_scores_what_decoding_its_path_alone_scores(models, arch, qua
     for blocks in (region(0, MAX_LEN), scattered):
         beside = ForwardItem(region(4, MAX_LEN), 0, [rng.randrange(200) for _ in range(9)], 3, num_drafts=2)
         tree = ForwardItem(blocks, len(prompt) - 1, [prompt[-1]] + TREE.tokens, 1 + len(TREE), num_drafts=len(TREE),
-                           draft_parents=TREE.parents)
+                           draft_paths=TREE.paths())
         logits = run.forward([beside, tree])[3:]
         for j in range(len(TREE)):
-            path = [TREE.tokens[a] for a in TREE.ancestors(j)]
+            path = [TREE.tokens[a] for a in TREE.paths()[j]]
             ref = decode_alone(run, region(5, MAX_LEN), prompt, path)
             assert torch.equal(logits[0], ref[0])
             assert torch.equal(logits[1 + j], ref[-1]), f"node {j} of the tree in {blocks[:4]}"
@@ -79,7 +79,7 @@ def test_a_chain_given_as_a_tree_is_the_chain(models):
     drafts = [4, 8, 15, 16]
     chain = run.forward([ForwardItem(region(0, MAX_LEN), len(prompt) - 1, [prompt[-1]] + drafts, 5, num_drafts=4)])
     as_tree = run.forward([ForwardItem(region(0, MAX_LEN), len(prompt) - 1, [prompt[-1]] + drafts, 5, num_drafts=4,
-                                       draft_parents=[-1, 0, 1, 2])])
+                                       draft_paths=[[0], [0, 1], [0, 1, 2], [0, 1, 2, 3]])])
     assert torch.equal(chain, as_tree)
 
 
@@ -88,7 +88,7 @@ def test_paths_that_mask_by_position_refuse_trees(models):
     packed = slot_runner(models["llama"].model, 2, MAX_LEN, vocab_size=vocab, attention="packed")
     assert not packed.supports_trees
     with pytest.raises(ValueError, match="token trees"):
-        packed.forward([ForwardItem(region(0, MAX_LEN), 0, [1, 2, 3], 3, num_drafts=2, draft_parents=[-1, -1])])
+        packed.forward([ForwardItem(region(0, MAX_LEN), 0, [1, 2, 3], 3, num_drafts=2, draft_paths=[[0], [1]])])
 
 
 # ---------------------------------------------------------------- the suffix trie's trees
@@ -123,7 +123,7 @@ def test_trees_take_the_likeliest_nodes_in_preorder_with_the_greedy_chain_first(
         chain = trie.propose(context, k, 3, 0.1, 1.5)
         m_ref, cands = candidates(trie, context, 3, 0.1, math.ceil(1.5 * m))
         assert m == m_ref == chain.match_len
-        paths = [tuple(tree.tokens[a] for a in tree.ancestors(j)) for j in range(len(tree))]
+        paths = [tuple(tree.tokens[a] for a in path) for path in tree.paths()]
         assert len(set(paths)) == len(paths) and set(paths) <= set(cands)
         assert len(tree) == min(k, len(cands)), case
         # best first: no node left out is likelier than a node taken

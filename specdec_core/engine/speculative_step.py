@@ -98,13 +98,9 @@ class _Plan:
     row_start: list[int]  # item -> its first logits row
     prompt_start: list[int]  # item -> its first prompt row after the verification rows
     verify_rows: int  # logits rows verification reads (the prompt rows follow them)
+    tree_paths: dict[int, list[list[int]]]  # item whose drafts branch -> each node's path (DraftTree.paths)
     draft: DraftPlan | None = None
     verify: verifier.VerifyPlan | None = None
-
-    @property
-    def trees(self) -> dict[int, DraftTree]:
-        """The items whose drafts branch."""
-        return {b: t for b, t in self.looked_up.items() if not t.is_chain}
 
 
 class SpeculativeStep:
@@ -151,15 +147,15 @@ class SpeculativeStep:
         values = packed.tolist()  # the step's one read
         drafts_out = [v[:plan.num[b]] for b, v in enumerate(values)]
         branch_tokens = 0
-        for b, tree in plan.trees.items():
-            drafts_out[b], off_chain = self._settle_tree(items[b], tree, values[b], k_max)
+        for b in plan.tree_paths:
+            drafts_out[b], off_chain = self._settle_tree(items[b], plan.looked_up[b], values[b], k_max)
             branch_tokens += off_chain
         return StepOutcome(
             drafts_out,
             [v[k_max] if plan.verifying[b] else None for b, v in enumerate(values)],
             [v[k_max + 1] if plan.verifying[b] else None for b, v in enumerate(values)],
             logits, plan.row_start, cached, clock.seconds(0), clock.seconds(1), prompt_logits, plan.prompt_start,
-            processed, (len(plan.trees), branch_tokens))
+            processed, (len(plan.tree_paths), branch_tokens))
 
     def _plan(self, items: list[ScheduledRequest], upload: HostUpload) -> _Plan:
         """Lookups, how many drafts each item verifies, and everything the device needs."""
@@ -168,6 +164,7 @@ class SpeculativeStep:
         drafter = self.drafter if self.drafter is not None and self.drafter.wanted(items) else None
         drawn = [drafter.drafts(it) if drafter is not None else 0 for it in items]
         num = [len(looked_up[b]) if b in looked_up else drawn[b] for b in range(len(items))]
+        tree_paths = {b: t.paths() for b, t in looked_up.items() if not t.is_chain}
         k_max = max(num, default=0)
         verifying = [it.completes for it in items]
         draft_ref = upload.ints(t for b in range(len(items))
@@ -189,7 +186,7 @@ class SpeculativeStep:
             forward.append(ForwardItem(r.blocks, r.num_computed, known + (tree.tokens if tree else [0] * drawn[b]),
                                        1 + num[b] if verifying[b] else 0, num_drafts=num[b],
                                        extra_logits=it.prompt_rows,
-                                       draft_parents=tree.parents if tree and not tree.is_chain else None))
+                                       draft_paths=tree_paths.get(b)))
             row += len(known) + num[b]
             row_start.append(logits_row)
             logits_row += 1 + num[b] if verifying[b] else 0
@@ -198,7 +195,7 @@ class SpeculativeStep:
         target = self.target.plan(forward, upload)
         fill = (upload.ints(fill_rows), upload.ints(fill_src)) if fill_rows else None
         plan = _Plan(looked_up, drawn, num, verifying, k_max, draft_ref, u_draft, u_verify, target, fill, row_start,
-                     prompt_start, logits_row, draft_plan)
+                     prompt_start, logits_row, tree_paths, draft_plan)
         if any(verifying):
             plan.verify = self._plan_verification(items, plan, upload)
         return plan
@@ -223,18 +220,19 @@ class SpeculativeStep:
         ancestors in a tree."""
         rows: list[RowParams] = []
         history: list[tuple[int, int]] = []
-        shapes = [plan.looked_up.get(b) or DraftTree.chain([0] * plan.num[b]) for b in range(len(items))]
         for b, it in enumerate(items):
             if not plan.verifying[b]:
                 continue
-            before_rows: list[list[int]] = [[]] + [shapes[b].ancestors(j) for j in range(plan.num[b])]
-            for before in before_rows:
+            paths = plan.tree_paths.get(b) or [list(range(j + 1)) for j in range(plan.num[b])]
+            before: list[int]
+            for before in [[]] + paths:
                 history += [(len(rows), b * plan.k_max + i) for i in before]
                 rows.append(it.request.row_params(len(before)))
         table = TablePlan.of(rows, self.target.vocab_size, upload, history)
         return verifier.VerifyPlan.of([1 + n if v else 0 for n, v in zip(plan.num, plan.verifying)], plan.num,
                                       [d == 0 for d in plan.drawn], table, plan.k_max, upload,
-                                      [t.parents for t in shapes] if plan.trees else None)
+                                      [plan.looked_up[b].parents if b in plan.tree_paths else list(range(-1, n - 1))
+                                       for b, n in enumerate(plan.num)] if plan.tree_paths else None)
 
     def _settle_tree(self, item: ScheduledRequest, tree: DraftTree, value: list[int],
                      k_max: int) -> tuple[list[int], int]:

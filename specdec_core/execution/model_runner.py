@@ -58,11 +58,11 @@ class ForwardItem:
     many of its tokens are already cached; ``tokens`` are fed at positions
     ``start..start+len(tokens)-1``; logits are returned for the last ``num_logits`` of them. The
     last ``num_drafts`` tokens are speculative: each is attended on its own, exactly as if it were
-    decoded alone (see ``native_llama``). ``draft_parents``: the drafts form a token tree, draft j
-    following draft ``draft_parents[j]`` (-1: the last known token; parents precede children):
-    draft j sits at position ``start + known + depth(j) - 1`` and attends to the known tokens and
-    its own ancestors only, its keys written at cache position ``start + known + j`` (None: a
-    chain, parent j - 1; ``supports_trees`` says where trees run). ``extra_logits``: logits also come back for that many
+    decoded alone (see ``native_llama``). ``draft_paths``: the drafts form a token tree,
+    ``draft_paths[j]`` being the drafts from the root's child down to draft j:
+    draft j sits at position ``start + known + len(draft_paths[j]) - 1`` and attends to the known
+    tokens and its path only, its keys written at cache position ``start + known + j`` (None: a
+    chain, draft j's path being drafts 0..j; ``supports_trees`` says where trees run). ``extra_logits``: logits also come back for that many
     rows before the last ``num_logits`` (a prompt's rows, for its log-probabilities); they follow
     every item's last ``num_logits`` rows, so the rows verification reads keep their places.
     """
@@ -73,22 +73,15 @@ class ForwardItem:
     num_logits: int
     num_drafts: int = 0
     extra_logits: int = 0
-    draft_parents: list[int] | None = None
+    draft_paths: list[list[int]] | None = None
 
     def positions(self) -> list[int]:
         """Each fed token's position (a tree's drafts share positions by depth)."""
         end = self.start + len(self.tokens)
-        if self.draft_parents is None:
+        if self.draft_paths is None:
             return list(range(self.start, end))
         known_end = end - self.num_drafts
-        return list(range(self.start, known_end)) + [known_end + len(a) - 1 for a in self.tree_paths()]
-
-    def tree_paths(self) -> list[list[int]]:
-        """Per draft, the drafts from the root's child down to itself (what it attends to)."""
-        paths: list[list[int]] = []
-        for j, p in enumerate(self.draft_parents or range(-1, self.num_drafts - 1)):
-            paths.append((paths[p] if p >= 0 else []) + [j])
-        return paths
+        return list(range(self.start, known_end)) + [known_end + len(a) - 1 for a in self.draft_paths]
 
 
 class ModelRunner:
@@ -159,7 +152,7 @@ class ModelRunner:
 
     @property
     def supports_trees(self) -> bool:
-        """Token trees (``ForwardItem.draft_parents``) run on the native segmented path, where
+        """Token trees (``ForwardItem.draft_paths``) run on the native segmented path, where
         every draft is its own attention call over exactly its keys (so a tree's nodes keep the
         bits a plain decode of their path gives); the packed and transformers paths mask by
         position, which a tree does not follow."""
@@ -173,7 +166,7 @@ class ModelRunner:
 
     def plan(self, items: list[ForwardItem], upload: HostUpload) -> ForwardPlan:
         """Place a forward's indices in ``upload``; ``run`` it once the upload is sent."""
-        if not self.supports_trees and any(it.draft_parents is not None for it in items):
+        if not self.supports_trees and any(it.draft_paths is not None for it in items):
             raise ValueError(f"token trees need the native segmented attention path (this runner: {self.path}, "
                              f"{self.attention})")
         if self.native is not None:
@@ -250,7 +243,7 @@ class ModelRunner:
                 segments.append((row + pos - it.start, stop - pos, base, stop, group))
                 pos = stop
             row += known_end - it.start
-            if it.draft_parents is None:
+            if it.draft_paths is None:
                 segments += [(row + j, 1, base, known_end + j + 1, group) for j in range(it.num_drafts)]
             else:  # a tree node's keys: the known tokens', then its ancestors' and its own
                 segments += self._tree_segments(it, row, known_end, gathers, upload)
@@ -260,15 +253,15 @@ class ModelRunner:
     def _tree_segments(self, it: ForwardItem, row: int, known_end: int, gathers: list[Ref],
                        upload: HostUpload) -> list[tuple[int, int, int, int, int]]:
         """One segment per node of a token tree, over the known tokens' keys and its path's. A
-        node's path is a prefix of the path down its first children to a leaf (the tree is in
-        preorder), so one key list per leaf serves every node above it, as one list serves a chain."""
+        node's path is a prefix of the path down its first children to a leaf, so one key list per
+        leaf serves every node above it, as one list serves a chain."""
         bs = self.cache.block_size
         known = token_rows(it.blocks, bs, 0, known_end)
         slots = token_rows(it.blocks, bs, known_end, known_end + it.num_drafts)
-        paths = it.tree_paths()
+        paths = it.draft_paths or []
         first_child: dict[int, int] = {}
-        for j, p in enumerate(it.draft_parents or []):
-            first_child.setdefault(p, j)
+        for j, path in enumerate(paths):
+            first_child.setdefault(path[-2] if len(path) > 1 else -1, j)
         leaf_lists: dict[int, int] = {}
         segments = []
         for j, path in enumerate(paths):

@@ -46,22 +46,15 @@ class DraftTree:
     def is_chain(self) -> bool:
         return self.chain_length == len(self.parents)
 
-    def depths(self) -> list[int]:
-        """Depth of every node: 1 for a child of the request's last token."""
-        depth: list[int] = []
-        for p in self.parents:
-            depth.append(1 + (depth[p] if p >= 0 else 0))
-        return depth
-
-    def ancestors(self, j: int) -> list[int]:
-        """The nodes from the root's child down to ``j`` itself (the path ``j`` continues)."""
-        path = []
-        while j >= 0:
-            path.append(j)
-            j = self.parents[j]
-        return path[::-1]
+    def paths(self) -> list[list[int]]:
+        """Per node, the nodes from the root's child down to itself: what it continues, and what
+        it attends to in the forward."""
+        paths: list[list[int]] = []
+        for j, p in enumerate(self.parents):
+            paths.append((paths[p] if p >= 0 else []) + [j])
+        return paths
 
     @property
     def depth(self) -> int:
         """The longest path: how many tokens one verify pass can accept at most."""
-        return max(self.depths(), default=0)
+        return max(map(len, self.paths()), default=0)
