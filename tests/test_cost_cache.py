@@ -120,6 +120,45 @@ def test_the_first_calibration_keeps_to_its_budget(pair, caplog) -> None:
     assert "3 of 11 shapes timed, the others extrapolated" in caplog.text and "cap 0 s" in caplog.text
 
 
+def test_the_calibration_times_what_a_rows_cached_tokens_cost(pair, monkeypatch) -> None:
+    """One verify step of a request and one draft row, timed at the calibration's context and at
+    ``LONG_CONTEXT``: the difference per row and token is the table's ``per_context``. The timing
+    here is a function of the shape (what matters is which shapes are timed and the arithmetic)."""
+    from specdec_core.speculation import cost_model
+
+    per_token = {"target": 3e-6, "draft": 1e-6}
+
+    def fake_seconds(runner, items, repeats=1):
+        role = "target" if runner is target else "draft"
+        return sum(len(it.tokens) * (0.01 + per_token[role] * it.start) for it in items)
+
+    target = slot_runner(pair[0].model, 2, 4096, vocab_size=49152)
+    draft = slot_runner(pair[1].model, 2, 4096, vocab_size=49152)
+    monkeypatch.setattr(cost_model, "_fastest_seconds", fake_seconds)
+    costs = calibrate(target, draft, 2, 3, 4096, repeats=1)
+    assert costs.target_table.per_context == pytest.approx(3e-6)
+    assert costs.draft_table is not None and costs.draft_table.per_context == pytest.approx(1e-6)
+    assert costs.target_table.context == costs.draft_table.context == cost_model.CALIBRATION_CONTEXT
+    # 3 rows of a request with 2,000 cached tokens, against 3 at the calibration's 128
+    assert costs.target(3, context_tokens=3 * 2000) - costs.target(3) == pytest.approx(3 * 1872 * 3e-6)
+    # where the model is too short for a second context, the term is 0
+    short = calibrate(slot_runner(pair[0].model, 2, 160, vocab_size=49152), None, 2, 3, 160, repeats=1)
+    assert short.target_table.per_context == 0.0
+
+
+def test_a_rows_cached_tokens_are_rescaled_with_the_level_and_kept_in_the_cache(tmp_path: Path) -> None:
+    costs = StepCostModel(CostTable([1, 4], [1.0, 2.0], per_context=0.001, context=100), None)
+    twice = 2 * costs.target(4, context_tokens=4 * 600)  # a machine at half the speed
+    for _ in range(200):
+        costs.observe_target(4, twice, context_tokens=4 * 600)
+    assert costs.live_target.seconds == pytest.approx([2.0, 4.0], rel=1e-3)
+    assert costs.live_target.per_context == pytest.approx(0.002, rel=1e-3)
+    cache = CostCache(tmp_path, {"model": "a"})
+    cache.save(costs)
+    loaded = cache.load()
+    assert loaded is not None and loaded.target_table == costs.live_target
+
+
 def test_a_cache_of_another_key_or_broken_is_ignored(tmp_path: Path, caplog) -> None:
     cache = CostCache(tmp_path, {"model": "a"})
     cache.save(StepCostModel(CostTable([1, 2], [1.0, 2.0]), None))

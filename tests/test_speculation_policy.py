@@ -72,10 +72,12 @@ def test_ngram_index_matches_the_definition_as_text_grows(min_n, max_n):
 
 
 def request(alpha: float, *, seed: int | None = None, temperature: float = 0.0, k: int = 4,
-            source: str = "draft") -> Request:
+            source: str = "draft", context: int = 2) -> Request:
+    """A request whose prompt is prefilled but its last token: ``context`` tokens cached."""
     params = SamplingParams(max_tokens=100, temperature=temperature, seed=seed)
-    req = Request("r", [1, 2, 3], params, torch.Generator().manual_seed(0), None, k)  # type: ignore[arg-type]
-    req.num_computed = 2  # prompt prefilled, last token to feed
+    prompt = [1, 2] + [3] * (context - 1)
+    req = Request("r", prompt, params, torch.Generator().manual_seed(0), None, k)  # type: ignore[arg-type]
+    req.num_computed = context
     est = req.acceptance[source]
     est.successes, est.trials = alpha * 100, 100.0
     return req
@@ -83,7 +85,7 @@ def request(alpha: float, *, seed: int | None = None, temperature: float = 0.0, 
 
 def plan(requests: list[Request], costs: StepCostModel = CPU_COSTS, method: str = "draft") -> list[int]:
     items = [ScheduledRequest(r, 1) for r in requests]
-    policy = SpeculationPolicy(method, costs, adaptive=True, max_model_len=512, lookups={"ngram": RepeatLookup(5)})  # type: ignore[dict-item]
+    policy = SpeculationPolicy(method, costs, adaptive=True, max_model_len=4096, lookups={"ngram": RepeatLookup(5)})  # type: ignore[dict-item]
     policy.plan(items)
     return [it.num_drafts for it in items]
 
@@ -114,6 +116,22 @@ def test_the_choice_maximises_the_modelled_rate():
 
     best = max(rate(a, b) for a in range(5) for b in range(5))
     assert rate(*ks) == pytest.approx(best, rel=1e-9)
+
+
+def test_long_contexts_make_rows_dearer_and_the_choice_follows():
+    """Each row attends to its own cached tokens: at 3,000 of them a row of the 1.5B costs ~3x
+    what calibration's 128 gave, so the same acceptance pays for fewer drafts; the choice is the
+    best one under the costs with context (exhaustive search over one request)."""
+    costs = StepCostModel(CostTable([1, 2, 5, 16, 80], [54.0, 55.0, 57.7, 101.6, 445.0],
+                                    per_context=11.0 / 1024, context=128), None)
+    short, long = request(0.6, source="ngram", context=128), request(0.6, source="ngram", context=3000)
+    [k_short], [k_long] = plan([short], costs, "ngram"), plan([long], costs, "ngram")
+
+    def rate(k: int) -> float:
+        return expected_tokens(0.6, k) / costs.target(1 + k, context_tokens=(1 + k) * 3000)
+
+    assert k_long < k_short == 4
+    assert rate(k_long) == pytest.approx(max(rate(k) for k in range(5)), rel=1e-9)
 
 
 def test_a_seeded_sampled_request_gets_the_same_k_whatever_else_runs():

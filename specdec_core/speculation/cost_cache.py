@@ -36,7 +36,9 @@ from specdec_core.speculation.cost_model import CostTable, StepCostModel
 
 log = logging.getLogger("specdec.cost_model")
 
-FORMAT = 2  # 2: the live tables keep the measured shape (format 1's were corrected bucket by bucket)
+# 2: the live tables keep the measured shape (format 1's were corrected bucket by bucket);
+# 3: and the cost of a row's cached tokens (``CostTable.per_context``)
+FORMAT = 3
 SAVE_INTERVAL_S = 60.0
 
 
@@ -87,9 +89,8 @@ class CostCache:
             if data["format"] != FORMAT or data["key"] != json.loads(json.dumps(self.key)):
                 log.warning("ignoring step-cost cache %s: written for another configuration", self.path)
                 return None
-            target = CostTable(list(data["target"]["sizes"]), [float(s) for s in data["target"]["seconds"]])
-            draft = data.get("draft")
-            draft_table = CostTable(list(draft["sizes"]), [float(s) for s in draft["seconds"]]) if draft else None
+            target = _table(data["target"])
+            draft_table = _table(data["draft"]) if data.get("draft") else None
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("ignoring malformed step-cost cache %s: %s", self.path, exc)
             return None
@@ -124,14 +125,21 @@ class CostCache:
             tmp.unlink(missing_ok=True)
 
 
+def _table(data: dict[str, Any]) -> CostTable:
+    return CostTable(list(data["sizes"]), [float(s) for s in data["seconds"]], float(data["per_context"]),
+                     int(data["context"]))
+
+
 def _valid(table: CostTable) -> bool:
     return (bool(table.sizes) and len(table.sizes) == len(table.seconds) and table.sizes == sorted(set(table.sizes))
-            and all(s > 0 for s in table.seconds))
+            and all(s > 0 for s in table.seconds) and table.per_context >= 0 and table.context >= 0)
 
 
 def _snapshot(key: dict[str, Any], costs: StepCostModel) -> dict[str, Any]:
-    def table(t: CostTable | None) -> dict[str, list] | None:
-        return {"sizes": list(t.sizes), "seconds": list(t.seconds)} if t is not None else None
+    def table(t: CostTable | None) -> dict[str, Any] | None:
+        if t is None:
+            return None
+        return {"sizes": list(t.sizes), "seconds": list(t.seconds), "per_context": t.per_context, "context": t.context}
 
     return {"format": FORMAT, "key": key, "observed_steps": costs.observed_steps,
             "target": table(costs.live_target), "draft": table(costs.live_draft)}

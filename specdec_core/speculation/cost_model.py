@@ -41,6 +41,10 @@ log = logging.getLogger("specdec.cost_model")
 
 CALIBRATION_CONTEXT = 128  # cached tokens per request while timing (a short chat turn)
 CALIBRATION_REPEATS = 3
+# The second context the cost of a row's cached tokens is timed at (``_per_context``), if the
+# model's length allows one at least MIN_CONTEXT_SPAN past CALIBRATION_CONTEXT.
+LONG_CONTEXT = 2048
+MIN_CONTEXT_SPAN = 256
 # Seconds the first calibration may take (measured here: ~16 s for the default pair on a quiet
 # machine, 204 s on a busy one before this cap); shapes not timed by then are extrapolated.
 CALIBRATION_BUDGET_S = 30.0
@@ -74,10 +78,15 @@ def non_decreasing(values: list[float]) -> list[float]:
 
 @dataclass
 class CostTable:
-    """Seconds of one forward at grid sizes; linear between points, linear past the last one."""
+    """Seconds of one forward at grid sizes, each row with ``context`` cached tokens; linear between
+    points, linear past the last one. ``per_context``: what every cached token a row has beyond
+    ``context`` adds (each row attends to its own keys: at the agentic workload's 2-3K tokens a
+    row reads 20x the keys it read at calibration)."""
 
     sizes: list[int]
     seconds: list[float]
+    per_context: float = 0.0
+    context: int = 0
 
     def __post_init__(self) -> None:
         # A bigger step never costs less. Timing noise can say so (the fastest of three runs, on
@@ -86,7 +95,14 @@ class CostTable:
         # replaced by their mean (pool adjacent violators).
         self.seconds = non_decreasing(self.seconds)
 
-    def __call__(self, n: float) -> float:
+    def __call__(self, n: float, context_tokens: float | None = None) -> float:
+        """``n`` rows whose cached tokens add up to ``context_tokens`` (None: ``context`` each)."""
+        base = self._interpolate(n)
+        if context_tokens is None:
+            return base
+        return max(base + self.per_context * (context_tokens - n * self.context), 0.0)
+
+    def _interpolate(self, n: float) -> float:
         sizes, secs = self.sizes, self.seconds
         if n <= sizes[0]:
             return secs[0] * max(n, 0) / sizes[0]
@@ -98,13 +114,15 @@ class CostTable:
         return secs[lo] + slope * (n - sizes[lo])
 
     def copy(self) -> "CostTable":
-        return CostTable(list(self.sizes), list(self.seconds))
+        return CostTable(list(self.sizes), list(self.seconds), self.per_context, self.context)
 
     def rescale(self, ratio: float) -> None:
-        """A real forward cost ``ratio`` times what the table says: move every point toward it by
-        the same factor (an exponential moving average of the level; the shape stays)."""
+        """A real forward cost ``ratio`` times what the table says: move every point and the
+        context term toward it by the same factor (an exponential moving average of the level;
+        the shape stays)."""
         factor = 1.0 + (1.0 - SCALE_DECAY) * (ratio - 1.0)
         self.seconds = [s * factor for s in self.seconds]
+        self.per_context *= factor
 
 
 @dataclass
@@ -122,36 +140,41 @@ class StepCostModel:
         self.live_target = self.target_table.copy()
         self.live_draft = self.draft_table.copy() if self.draft_table is not None else None
 
-    def target(self, n: int, frozen: bool = False) -> float:
-        return (self.target_table if frozen else self.live_target)(n)
+    def target(self, n: int, frozen: bool = False, context_tokens: float | None = None) -> float:
+        """A decode step feeding ``n`` tokens whose rows' cached tokens add up to ``context_tokens``."""
+        return (self.target_table if frozen else self.live_target)(n, context_tokens)
 
-    def draft(self, n: float, frozen: bool = False) -> float:
+    def draft(self, n: float, frozen: bool = False, context_tokens: float | None = None) -> float:
+        """One draft forward of ``n`` requests with ``context_tokens`` cached tokens in all."""
         table = self.draft_table if frozen else self.live_draft
-        return table(n) if table is not None else 0.0
+        return table(n, context_tokens) if table is not None else 0.0
 
-    def observe_target(self, n: int, seconds: float) -> None:
+    def observe_target(self, n: int, seconds: float, context_tokens: float | None = None) -> None:
         """A real decode step scored ``n`` tokens in ``seconds``: move the live table toward it."""
-        predicted = self.live_target(n)
+        predicted = self.live_target(n, context_tokens)
         if predicted > 0 and seconds > 0:
             self.live_target.rescale(seconds / predicted)
             self.observed_steps += 1
 
-    def observe_draft(self, forwards: list[int], seconds: float) -> None:
-        """Real draft forwards of ``forwards[j]`` requests each took ``seconds`` in all."""
+    def observe_draft(self, forwards: list[tuple[int, float]], seconds: float) -> None:
+        """Real draft forwards of ``forwards[j] = (requests, their cached tokens)`` took
+        ``seconds`` in all."""
         if self.live_draft is None:
             return
-        predicted = sum(self.live_draft(n) for n in forwards)
+        predicted = sum(self.live_draft(n, ctx) for n, ctx in forwards)
         if predicted > 0 and seconds > 0:
             self.live_draft.rescale(seconds / predicted)
 
     def describe(self, live: bool = False) -> str:
         def row(table: CostTable) -> str:
-            return " ".join(f"{n}:{s * 1e3:.1f}" for n, s in zip(table.sizes, table.seconds))
+            points = " ".join(f"{n}:{s * 1e3:.1f}" for n, s in zip(table.sizes, table.seconds))
+            return (f"{{{points}}} at {table.context} cached tokens a row, "
+                    f"+{table.per_context * 1024 * 1e3:.2f} ms a row per 1K more")
 
         target, draft = (self.live_target, self.live_draft) if live else (self.target_table, self.draft_table)
-        text = f"target ms by tokens {{{row(target)}}}"
+        text = f"target ms by tokens {row(target)}"
         if draft is not None:
-            text += f"; draft ms by requests {{{row(draft)}}}"
+            text += f"; draft ms by requests {row(draft)}"
         return text
 
     @classmethod
@@ -180,9 +203,10 @@ def calibrate(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max
         bench.fill(runner, tables[:len(items)])
         timed[role][n] = _fastest_seconds(runner, items, repeats)
 
-    def table(role: str) -> CostTable:
+    def table(role: str, runner: ModelRunner, rows: int) -> CostTable:
         """Every grid size: timed, else extrapolated, never below a smaller size's cost (noise in
-        two close timings must not extrapolate to a cost that falls, or turns negative)."""
+        two close timings must not extrapolate to a cost that falls, or turns negative); and the
+        cost of longer contexts, from ``rows`` rows of one request."""
         sizes = sorted(n for r, _, n, _ in shapes if r == role)
         seconds, floor = [], 0.0
         for n in sizes:
@@ -191,15 +215,33 @@ def calibrate(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max
                 value = max(_extrapolate(timed[role], n), floor)
             floor = max(floor, value)
             seconds.append(value)
-        return CostTable(sizes, seconds)
+        return CostTable(sizes, seconds, _per_context(runner, rows, bench.context, max_len, repeats), bench.context)
 
-    model = StepCostModel(table("target"), table("draft") if draft is not None else None)
+    model = StepCostModel(table("target", target, max_tokens_per_seq),
+                          table("draft", draft, 1) if draft is not None else None)
     done = len(timed["target"]) + len(timed["draft"])
     log.info("step costs measured in %.1f s (cap %.0f s; %d of %d shapes timed%s; %.1f s of it giving the "
              "requests their %d cached tokens): %s", time.perf_counter() - t0, budget_s, done, len(shapes),
              "" if done == len(shapes) else ", the others extrapolated",
              bench.fill_seconds, bench.context, model.describe())
     return model
+
+
+def _per_context(runner: ModelRunner, rows: int, short: int, max_len: int, repeats: int) -> float:
+    """Seconds each cached token adds to each row: one request of ``rows`` tokens (a verify
+    step's, or one draft row) timed at ``short`` and at ``LONG_CONTEXT`` cached tokens. The keys
+    are whatever the pool's first blocks hold (their values do not change the work), so the long
+    context costs no prefill: two more shapes, ~1 s for the default pair."""
+    bs = runner.cache.block_size
+    long = min(LONG_CONTEXT, max_len - rows - 1, runner.cache.num_blocks * bs - rows)
+    if long - short < MIN_CONTEXT_SPAN:
+        return 0.0
+    table = region(0, long + rows, bs)
+
+    def seconds(context: int) -> float:
+        return _fastest_seconds(runner, [ForwardItem(table, context, [1] * rows, rows, num_drafts=rows - 1)], repeats)
+
+    return max((seconds(long) - seconds(short)) / (rows * (long - short)), 0.0)
 
 
 def _extrapolate(timed: dict[int, float], n: int) -> float:
@@ -303,11 +345,13 @@ def observe_step(costs: StepCostModel, items: list[ScheduledRequest], draft_s: f
     chunks are not a shape the model describes."""
     if any(it.num_new != 1 for it in items):
         return
-    costs.observe_target(sum(1 + it.num_drafts for it in items), target_s)
+    costs.observe_target(sum(1 + it.num_drafts for it in items), target_s,
+                         sum((1 + it.num_drafts) * it.request.num_computed for it in items))
     drafting = [it for it in items if it.source == "draft"]
     depth = max((it.num_drafts for it in drafting), default=0)
     # A draft cache that lagged (the request used n-gram lookups meanwhile) is caught up in
     # this step's first draft forward: a prefill, not a shape the draft table describes.
     caught_up = max((it.request.num_computed + it.num_new - it.request.draft_computed for it in drafting), default=0)
     if depth and caught_up <= max_draft_rows:
-        costs.observe_draft([sum(1 for it in drafting if it.num_drafts >= j) for j in range(1, depth + 1)], draft_s)
+        forwards = [[it.request.num_computed for it in drafting if it.num_drafts >= j] for j in range(1, depth + 1)]
+        costs.observe_draft([(len(f), float(sum(f))) for f in forwards], draft_s)

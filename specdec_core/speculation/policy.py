@@ -47,6 +47,11 @@ class _Choice:
     fixed: bool = False
 
     @property
+    def context(self) -> int:
+        """Cached tokens each of its rows attends to (the rows' own cost grows with them)."""
+        return self.item.request.num_computed
+
+    @property
     def lag(self) -> int:
         """Tokens the draft cache must catch up beyond the one every draft step feeds."""
         r = self.item.request
@@ -121,25 +126,26 @@ class SpeculationPolicy:
         if len(options) == 1:
             source, cap = options[0]
         else:  # auto with a match: the proposer that pays more for this request alone
-            source, cap = max(options, key=lambda o: self._solo_value(o[0], req.alpha(o[0]), o[1]))
+            source, cap = max(options, key=lambda o: self._solo_value(o[0], req.alpha(o[0]), o[1], req.num_computed))
         return _Choice(item, source, req.alpha(source), cap)
 
     def solo_k(self, c: _Choice) -> int:
         """k from the request's own history and the start-up costs: independent of the batch."""
-        k = self._solo_best(c.source, c.alpha, c.cap)
+        k = self._solo_best(c.source, c.alpha, c.cap, c.context)
         if k == 0 and self._probe_due(c):
             return 1
         return k
 
-    def _solo_value(self, source: Source, alpha: float, cap: int) -> float:
-        return self._solo_rate(source, alpha, self._solo_best(source, alpha, cap))
+    def _solo_value(self, source: Source, alpha: float, cap: int, context: int) -> float:
+        return self._solo_rate(source, alpha, self._solo_best(source, alpha, cap, context), context)
 
-    def _solo_best(self, source: Source, alpha: float, cap: int) -> int:
-        return max(range(cap + 1), key=lambda k: self._solo_rate(source, alpha, k))
+    def _solo_best(self, source: Source, alpha: float, cap: int, context: int) -> int:
+        return max(range(cap + 1), key=lambda k: self._solo_rate(source, alpha, k, context))
 
-    def _solo_rate(self, source: Source, alpha: float, k: int) -> float:
-        draft = k * self.costs.draft(1, frozen=True) if source == "draft" else 0.0
-        return expected_tokens(alpha, k) / (self.costs.target(1 + k, frozen=True) + draft)
+    def _solo_rate(self, source: Source, alpha: float, k: int, context: int) -> float:
+        draft = k * self.costs.draft(1, frozen=True, context_tokens=context) if source == "draft" else 0.0
+        return expected_tokens(alpha, k) / (self.costs.target(1 + k, frozen=True, context_tokens=(1 + k) * context)
+                                            + draft)
 
     def _probe_due(self, c: _Choice) -> bool:
         """A request speculation does not pay for keeps learning: one draft every
@@ -150,7 +156,7 @@ class SpeculationPolicy:
         (``clients/cuda_check.py``), which no single probed token repays. The lag is the
         request's own history, so a seeded request's k stays independent of the batch."""
         return (c.lag == 0 and c.item.request.stats.verify_steps % PROBE_INTERVAL == PROBE_INTERVAL - 1
-                and self._solo_best(c.source, c.alpha, c.cap) == 0)
+                and self._solo_best(c.source, c.alpha, c.cap, c.context) == 0)
 
     # ------------------------------------------------------------------ the batch
 
@@ -185,10 +191,12 @@ class SpeculationPolicy:
 
     def _rate(self, choices: list[_Choice]) -> float:
         tokens = sum(expected_tokens(c.alpha, c.k) for c in choices)
-        seconds = self.costs.target(sum(1 + c.k for c in choices))
+        seconds = self.costs.target(sum(1 + c.k for c in choices), context_tokens=sum((1 + c.k) * c.context
+                                                                                      for c in choices))
         depth = max((c.k for c in choices if c.source == "draft"), default=0)
         for j in range(1, depth + 1):
             # The first draft forward also catches up lagging draft caches (counted as rows).
-            rows = sum(1 + (c.catch_up_rows if j == 1 else 0) for c in choices if c.source == "draft" and c.k >= j)
-            seconds += self.costs.draft(rows)
+            rows = [(1 + (c.catch_up_rows if j == 1 else 0), c.context) for c in choices
+                    if c.source == "draft" and c.k >= j]
+            seconds += self.costs.draft(sum(n for n, _ in rows), context_tokens=sum(n * ctx for n, ctx in rows))
         return tokens / seconds if seconds > 0 else 0.0
