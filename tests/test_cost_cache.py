@@ -128,13 +128,13 @@ def test_the_calibration_times_what_a_rows_cached_tokens_cost(pair, monkeypatch)
 
     per_token = {"target": 3e-6, "draft": 1e-6}
 
-    def fake_seconds(runner, items, repeats=1):
+    def fake_seconds(runner, items):
         role = "target" if runner is target else "draft"
         return sum(len(it.tokens) * (0.01 + per_token[role] * it.start) for it in items)
 
     target = slot_runner(pair[0].model, 2, 4096, vocab_size=49152)
     draft = slot_runner(pair[1].model, 2, 4096, vocab_size=49152)
-    monkeypatch.setattr(cost_model, "_fastest_seconds", fake_seconds)
+    monkeypatch.setattr(cost_model, "_seconds", fake_seconds)
     costs = calibrate(target, draft, 2, 3, 4096, repeats=1)
     assert costs.target_table.per_context == pytest.approx(3e-6)
     assert costs.draft_table is not None and costs.draft_table.per_context == pytest.approx(1e-6)
