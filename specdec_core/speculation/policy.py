@@ -3,7 +3,9 @@
 The model. A request that verifies k drafts with per-token acceptance alpha commits on average
 ``E(alpha, k) = 1 + alpha + ... + alpha^k`` tokens. A decode step of requests with drafts ``k_i``
 costs ``target(sum(1 + k_i)) + sum_j draft(#requests drafting a j-th token)`` (n-gram and suffix
-lookups cost no draft forward), from the measured ``StepCostModel``. The policy picks the ``k_i`` that maximise
+lookups cost no draft forward), from the measured ``StepCostModel``, every row priced with its
+request's cached tokens (at 2K tokens a row of the 1.5B costs ~6 ms more here than at the
+calibration's 128). The policy picks the ``k_i`` that maximise
 ``sum E / cost``: committed tokens per second of the step. With one request and good proposals
 that is deep speculation; with many requests, where 16 x 5 tokens cost 4x 16 x 1, it is plain
 decoding, by itself.
