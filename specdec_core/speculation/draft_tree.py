@@ -53,8 +53,3 @@ class DraftTree:
         for j, p in enumerate(self.parents):
             paths.append((paths[p] if p >= 0 else []) + [j])
         return paths
-
-    @property
-    def depth(self) -> int:
-        """The longest path: how many tokens one verify pass can accept at most."""
-        return max(map(len, self.paths()), default=0)
