@@ -177,6 +177,27 @@ def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype):
     gguf_kernels.use_portable_kernels(False)
 
 
+@pytest.mark.parametrize("k_quant", [True, False], ids=["act_k", "act_32"])
+def test_avx2_and_portable_activation_quantizers_make_the_same_bytes(k_quant):
+    """Every GEMM quantizes its rows first; the AVX2 quantizer must be the portable one, bit for
+    bit, also on the edges: ties at .5, all-zero blocks, an outlier, NaN and inf, subnormal and
+    near-overflow scales."""
+    if gguf_kernels.use_portable_kernels(False) != "avx2":
+        pytest.skip("no AVX2 quantizer on this CPU")
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(9, 1024, generator=gen) * torch.logspace(-38, 38, 9).unsqueeze(1).clamp(max=3e38)
+    x[2] = 0.0
+    x[3, :64] = (torch.arange(64) - 32) * 0.5  # halves: rounding ties, both signs
+    x[4, 7] = 1e4  # an outlier squeezes its block's other values towards 0
+    x[5, [40, 63, 92, 127]] = float("nan")  # also in a block's last 8, where a max with its operands swapped keeps NaN
+    x[5, 300] = float("inf")
+    x[6, 500] = -float("inf")
+    x[7] = torch.randn(1024, generator=gen) * 1e-42  # subnormal
+    portable = (gguf_kernels.use_portable_kernels(True), gguf_kernels.quantize_activations(x, k_quant))[1]
+    native = (gguf_kernels.use_portable_kernels(False), gguf_kernels.quantize_activations(x, k_quant))[1]
+    assert torch.equal(native, portable), (native != portable).nonzero()[:5].tolist()
+
+
 def test_native_kernels_selected_on_this_cpu():
     """Documents which implementation the other tests exercised as "native"."""
     active = gguf_kernels.use_portable_kernels(False)

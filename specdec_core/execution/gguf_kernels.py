@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("gguf_gemm.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c", "gguf_x8_q6k.c", "gguf_threads.c",
+SOURCES = ("gguf_gemm.c", "gguf_act_quant.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c", "gguf_x8_q6k.c", "gguf_threads.c",
            "row_attention.c", "row_ops.c")
 HEADERS = ("gguf_kernels.h", "gguf_x8_common.h", "row_math.h")
 CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
@@ -64,6 +64,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.sd_gguf_x8_size.restype = i64
     lib.sd_gguf_x8_repack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
     lib.sd_gguf_x8_repack.restype = ctypes.c_int
+    lib.sd_act_row_bytes.argtypes = [ctypes.c_int, i64]
+    lib.sd_act_row_bytes.restype = i64
+    lib.sd_quantize_rows.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, i64]
+    lib.sd_quantize_rows.restype = None
     lib.sd_gguf_thread_pool.argtypes = []
     lib.sd_gguf_thread_pool.restype = ctypes.c_int
     lib.sd_gguf_set_pool.argtypes = [ctypes.c_int]
@@ -188,6 +192,19 @@ def use_portable_kernels(portable: bool) -> str:
     """Switch between the portable scalar kernels and the best this CPU runs (tests compare both);
     returns the active implementation, ``"scalar"`` or ``"avx2"``."""
     return "scalar" if library().sd_gguf_set_impl(int(portable)) == 1 else "avx2"
+
+
+def quantize_activations(x: torch.Tensor, k_quant: bool) -> torch.Tensor:
+    """The bytes every GEMM makes of float32 rows ``x`` [M, K] before multiplying: per row, blocks
+    of 8-bit values with one scale per 32 (the K-quants' blocks also carry exact sums), made by
+    the active implementation. For tests: the AVX2 and portable quantizers must agree bit for bit."""
+    lib = library()
+    x = x.float().contiguous()
+    m, k = x.shape
+    stride = int(lib.sd_act_row_bytes(int(k_quant), k))
+    out = torch.zeros(m, stride, dtype=torch.uint8)
+    lib.sd_quantize_rows(int(k_quant), x.data_ptr(), k, m, k, out.data_ptr(), stride)
+    return out
 
 
 def repack(ggml_type: int, blocks: torch.Tensor, in_features: int) -> tuple[int, torch.Tensor] | None:

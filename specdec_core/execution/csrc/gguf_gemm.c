@@ -5,7 +5,6 @@
  * depend on the thread count nor on the number of rows. The threads are torch's OpenMP team where
  * there is one (gguf_threads.c). */
 #include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,53 +66,6 @@ int64_t sd_gguf_row_bytes(int type, int64_t k) {
     }
     if (k <= 0 || k % block_values(type)) return 0;
     return (int64_t)(k / block_values(type)) * (int64_t)bsize;
-}
-
-/* Round half to even for |v| < 2^22, exactly as the FPU's default mode; vectorises everywhere. */
-static inline int round_ne(float v) { return (int)((v + 12582912.0f) - 12582912.0f); }
-
-static float block_scale(const float *v, int n, float *id) {
-    float amax = 0.0f;
-    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(v[i]));
-    *id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    return amax / 127.0f;
-}
-
-static inline int8_t quant(float v, float id) {
-    int q = round_ne(v * id);
-    return (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
-}
-
-static void quantize_row_k(const float *x, int64_t k, act_k *y) {
-    for (int64_t b = 0; b < k / QK_K; b++) {
-        const float *v = x + b * QK_K;
-        for (int s = 0; s < 8; s++) {
-            float id;
-            y[b].d32[s] = block_scale(v + 32 * s, 32, &id);
-            for (int i = 32 * s; i < 32 * s + 32; i++) y[b].qs[i] = quant(v[i], id);
-        }
-        for (int s = 0; s < 16; s++) {
-            int sum = 0;
-            for (int i = 0; i < 16; i++) sum += y[b].qs[16 * s + i];
-            y[b].bsum16[s] = (int16_t)sum;
-        }
-        for (int s = 0; s < 8; s++) {
-            y[b].bsum32[s] = (int16_t)(y[b].bsum16[2 * s] + y[b].bsum16[2 * s + 1]);
-            y[b].s32[s] = y[b].d32[s] * (float)y[b].bsum32[s];
-        }
-    }
-}
-
-static void quantize_row_32(const float *x, int64_t k, act_32 *y) {
-    for (int64_t b = 0; b < k / QK32; b++) {
-        const float *v = x + b * QK32;
-        float id;
-        y[b].d = block_scale(v, QK32, &id);
-        int sum = 0;
-        for (int i = 0; i < QK32; i++) { y[b].qs[i] = quant(v[i], id); sum += y[b].qs[i]; }
-        y[b].s = y[b].d * (float)sum;
-        y[b].sum = sum;
-    }
 }
 
 typedef struct {
@@ -185,13 +137,10 @@ int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *
     if (!tile || m < 0 || n < 0) return -EINVAL;
     if (m == 0 || n == 0) return 0;
     const int kq = block_values(type) == QK_K;
-    const int64_t act_stride = kq ? (k / QK_K) * (int64_t)sizeof(act_k) : (k / QK32) * (int64_t)sizeof(act_32);
+    const int64_t act_stride = sd_act_row_bytes(kq, k);
     uint8_t *act = aligned_alloc(64, (size_t)((act_stride * m + 63) / 64 * 64));
     if (!act) return -ENOMEM;
-    for (int64_t r = 0; r < m; r++) {
-        if (kq) quantize_row_k(x + r * ldx, k, (act_k *)(act + r * act_stride));
-        else quantize_row_32(x + r * ldx, k, (act_32 *)(act + r * act_stride));
-    }
+    sd_quantize_rows(kq, x, k, m, ldx, act, act_stride);
     job_t j = {tile, group, w, act, n, m, ldo, row_bytes, act_stride, group ? sd_gguf_x8_size(type, 8, k) : 0,
                (int)(k / block_values(type)), threads < 1 ? 1 : threads, out};
     const int64_t units = group ? (n + 7) / 8 : n;

@@ -67,6 +67,10 @@ int sd_gguf_x8_32_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8
 int64_t sd_gguf_x8_q6k_bytes(int64_t n, int64_t k);
 int sd_gguf_x8_q6k_pack(const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst);
 
+/* Rows r < m of x (ldx floats apart) quantized to act + r * stride: act_k blocks when kq, else
+ * act_32 (gguf_act_quant.c). */
+int64_t sd_act_row_bytes(int kq, int64_t k);
+void sd_quantize_rows(int kq, const float *x, int64_t k, int64_t m, int64_t ldx, uint8_t *act, int64_t stride);
 tile_fn sd_scalar_tile(int type);
 /* 1 where the portable scalar kernels run (no AVX2/FMA/F16C, or a test asked for them). */
 int sd_use_scalar(void);
