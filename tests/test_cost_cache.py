@@ -159,13 +159,15 @@ def test_a_rows_cached_tokens_are_rescaled_with_the_level_and_kept_in_the_cache(
     assert loaded is not None and loaded.target_table == costs.live_target
 
 
-def test_a_cache_of_another_key_or_broken_is_ignored(tmp_path: Path, caplog) -> None:
+def test_a_cache_of_another_key_format_or_broken_is_ignored(tmp_path: Path, caplog) -> None:
     cache = CostCache(tmp_path, {"model": "a"})
     cache.save(StepCostModel(CostTable([1, 2], [1.0, 2.0]), None))
     assert cache.load() is not None and cache.load().target_table.seconds == [1.0, 2.0]  # type: ignore[union-attr]
     data = json.loads(cache.path.read_text())
     cache.path.write_text(json.dumps({**data, "key": {"model": "b"}}))
     assert cache.load() is None and "another configuration" in caplog.text
+    cache.path.write_text(json.dumps({**data, "format": data["format"] - 1}))
+    assert cache.load() is None and f"this version reads {data['format']}" in caplog.text
     cache.path.write_text(json.dumps({**data, "target": {"sizes": [2, 1], "seconds": [1.0, -1.0]}}))
     assert cache.load() is None
     cache.path.write_text("{not json")

@@ -86,7 +86,11 @@ class CostCache:
             log.warning("ignoring unreadable step-cost cache %s: %s", self.path, exc)
             return None
         try:
-            if data["format"] != FORMAT or data["key"] != json.loads(json.dumps(self.key)):
+            if data["format"] != FORMAT:
+                log.warning("ignoring step-cost cache %s: format %s, this version reads %d (re-measuring)",
+                            self.path, data["format"], FORMAT)
+                return None
+            if data["key"] != json.loads(json.dumps(self.key)):
                 log.warning("ignoring step-cost cache %s: written for another configuration", self.path)
                 return None
             target = _table(data["target"])
