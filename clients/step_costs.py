@@ -4,13 +4,13 @@
 Speculation pays only when scoring k + 1 tokens costs about what scoring one costs, so this is the
 number to watch when changing the execution layer (``specdec_core/execution/linear_kernels.py``,
 ``native_llama.py``). For the target and the draft, in each quantization mode, it times one
-forward of ``ModelRunner`` (the engine's own) with:
+forward of ``ModelRunner`` (the engine's own), the shapes interleaved over rounds, with:
 
 - one request verifying N tokens (1 known + N - 1 drafts), N in 1, 2, 3, 5, 9, 17, 33;
 - R requests of 1 and of 5 tokens each, R in 1, 4, 16;
 
-every request with ``--context`` tokens already cached. Prints median milliseconds and the ratio
-to the 1-token step, and writes JSON next to the bench results.
+every request with ``--context`` tokens already cached. Prints the median (``--stat min``: the
+fastest) milliseconds and the ratio to the 1-token step, and writes JSON next to the bench results.
 
     python clients/step_costs.py                                   # the default pair, none and int8
     python clients/step_costs.py --model SmolLM2-135M-Instruct.Q4_1.gguf --modes int8
@@ -38,31 +38,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--context", type=int, default=256, help="tokens already cached per request")
-    p.add_argument("--repeats", type=int, default=7, help="timed forwards per shape (median reported)")
+    p.add_argument("--repeats", type=int, default=7, help="rounds over the shapes, one timed forward of each per round")
+    p.add_argument("--stat", default="median", choices=["median", "min"],
+                   help="what to report of each shape's rounds (min: on a shared, noisy machine)")
     p.add_argument("--out", default="bench-results", help="directory for the JSON")
     return p.parse_args(argv)
 
 
-def time_forward(runner, items, repeats: int) -> float:
-    """Median milliseconds of ``runner.forward(items)`` after one warm-up call."""
+def time_shapes(runner, shapes: dict[str, list], repeats: int, stat: str) -> dict[str, float]:
+    """Milliseconds of ``runner.forward(items)`` per shape: each shape warmed up once, then
+    ``repeats`` rounds over all shapes, one timed forward of each per round, and the rounds'
+    ``stat`` (median or min). Interleaved because on a shared machine a slow spell of a few
+    seconds over one shape's back-to-back runs made it look as cheap or dear as its neighbours."""
     import torch
 
     def sync() -> None:
         if runner.device.type == "cuda":
             torch.cuda.synchronize()
 
-    runner.forward(items)
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    for items in shapes.values():
         runner.forward(items)
         sync()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {name: [] for name in shapes}
+    for _ in range(repeats):
+        for name, items in shapes.items():
+            t0 = time.perf_counter()
+            runner.forward(items)
+            sync()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    pick = min if stat == "min" else statistics.median
+    return {name: pick(t) for name, t in times.items()}
 
 
-def measure(loaded, quantize: str, context: int, repeats: int) -> dict[str, float]:
+def measure(loaded, quantize: str, context: int, repeats: int, stat: str) -> dict[str, float]:
     from specdec_core.execution.kv_cache import blocks_for, region
     from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 
@@ -73,9 +81,10 @@ def measure(loaded, quantize: str, context: int, repeats: int) -> dict[str, floa
     def item(slot: int, n: int) -> ForwardItem:
         return ForwardItem(region(slot, context + 40, 16), context, [17 + j for j in range(n)], n, num_drafts=n - 1)
 
-    costs = {f"1x{n}": time_forward(runner, [item(0, n)], repeats) for n in SINGLE_TOKENS}
+    shapes = {f"1x{n}": [item(0, n)] for n in SINGLE_TOKENS}
     for reqs, n in BATCHES:
-        costs.setdefault(f"{reqs}x{n}", time_forward(runner, [item(s, n) for s in range(reqs)], repeats))
+        shapes.setdefault(f"{reqs}x{n}", [item(s, n) for s in range(reqs)])
+    costs: dict[str, float] = time_shapes(runner, shapes, repeats, stat)
     costs["path"] = runner.path  # type: ignore[assignment]
     del runner
     gc.collect()
@@ -103,13 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         loaded = load_model(source, role=role, device=device, dtype=dtype, cache_dir=default_cache_dir(), progress=True)
         for mode in modes:
             print(f"timing {role} {loaded.name} quantize={mode} ...", file=sys.stderr, flush=True)
-            table[f"{role} {loaded.name} {mode}"] = measure(loaded, mode, args.context, args.repeats)
+            table[f"{role} {loaded.name} {mode}"] = measure(loaded, mode, args.context, args.repeats, args.stat)
         del loaded
         gc.collect()
 
     shapes = [f"1x{n}" for n in SINGLE_TOKENS] + [f"{r}x{n}" for r, n in BATCHES if r > 1]
-    print(f"\nmedian ms per forward, {args.context} tokens cached per request; 'RxN' = R requests of N tokens"
-          f" (1 known + N-1 drafts); torch {torch.__version__}, {torch.get_num_threads()} threads, {device}")
+    print(f"\n{args.stat} ms per forward over {args.repeats} interleaved rounds, {args.context} tokens cached per request;"
+          f" 'RxN' = R requests of N tokens (1 known + N-1 drafts); torch {torch.__version__},"
+          f" {torch.get_num_threads()} threads, {device}")
     print("| model, mode | path | " + " | ".join(shapes) + " | 5 tok / 1 tok |")
     print("|---" * (len(shapes) + 3) + "|")
     for name, costs in table.items():
@@ -118,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"step-costs-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"context": args.context, "repeats": args.repeats, "device": str(device),
+    path.write_text(json.dumps({"context": args.context, "repeats": args.repeats, "stat": args.stat, "device": str(device),
                                 "threads": torch.get_num_threads(), "table": table}, indent=1))
     print(f"\nwrote {path}")
     return 0
