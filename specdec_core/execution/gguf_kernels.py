@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("gguf_gemm.c", "gguf_act_quant.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c", "gguf_x8_q6k.c", "gguf_threads.c",
-           "row_attention.c", "row_ops.c")
+SOURCES = ("gguf_gemm.c", "gguf_act_quant.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c", "gguf_x8_q6k.c",
+           "gguf_threads.c", "row_attention.c", "row_ops.c")
 HEADERS = ("gguf_kernels.h", "gguf_x8_common.h", "row_math.h")
 CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 CSRC = Path(__file__).with_name("csrc")
