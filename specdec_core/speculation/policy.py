@@ -113,23 +113,20 @@ class SpeculationPolicy:
                   self.max_model_len - req.num_tokens)
         if cap <= 0:
             return None
-        options: list[tuple[Source, int]] = []
+        options: list[_Choice] = []
         for source, proposer in self.lookups.items():
             if self.method not in (source, "auto"):
                 continue
             # A completing item has every known token, so the lookup sees the full text.
             found = len(proposer.lookup_tree(req, cap))
             if found:
-                options.append((source, found))
+                options.append(_Choice(item, source, req.alpha(source), found))
         if self.method in ("draft", "auto"):
-            options.append(("draft", cap))
-        if not options:
-            return None
-        if len(options) == 1:
-            source, cap = options[0]
-        else:  # auto with a match: the proposer that pays more for this request alone
-            source, cap = max(options, key=lambda o: self._solo_value(o[0], req.alpha(o[0]), o[1], req.num_computed))
-        return _Choice(item, source, req.alpha(source), cap)
+            options.append(_Choice(item, "draft", req.alpha("draft"), cap))
+        if len(options) <= 1:
+            return options[0] if options else None
+        # auto with a match: the proposer that pays more for this request alone
+        return max(options, key=lambda c: self._solo_value(c.source, c.alpha, c.cap, c.context))
 
     def solo_k(self, c: _Choice) -> int:
         """k from the request's own history and the start-up costs: independent of the batch."""
