@@ -73,6 +73,8 @@ static void quantize_row_32_portable(const float *x, int64_t k, act_32 *y) {
 }
 
 #if defined(__x86_64__) || defined(__i386__)
+/* AVX2 for this section only: the dispatcher below also runs where the portable code must */
+#pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
@@ -134,6 +136,7 @@ static void quantize_row_32_avx2(const float *x, int64_t k, act_32 *y) {
         y[b].s = y[b].d * (float)y[b].sum;
     }
 }
+#pragma GCC pop_options
 #endif
 
 /* Bytes of one quantized row of k values: act_k blocks when kq, else act_32. */
