@@ -35,17 +35,25 @@ static inline int8_t quant(float v, float id) {
     return (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
 }
 
-/* The sums of 16 and 32 values and s32, from the quantized values and d32 already in y. */
-static void block_sums_k(act_k *y) {
-    for (int s = 0; s < 16; s++) {
-        int sum = 0;
-        for (int i = 0; i < 16; i++) sum += y->qs[16 * s + i];
-        y->bsum16[s] = (int16_t)sum;
-    }
-    for (int s = 0; s < 8; s++) {
-        y->bsum32[s] = (int16_t)(y->bsum16[2 * s] + y->bsum16[2 * s + 1]);
-        y->s32[s] = y->d32[s] * (float)y->bsum32[s];
-    }
+/* Sub-block s's sums into y, from the sums of its two halves (d32[s] already set): the one
+ * place both quantizers store them. */
+static inline void store_sums_k(act_k *y, int s, int lo, int hi) {
+    y->bsum16[2 * s] = (int16_t)lo;
+    y->bsum16[2 * s + 1] = (int16_t)hi;
+    y->bsum32[s] = (int16_t)(lo + hi);
+    y->s32[s] = y->d32[s] * (float)y->bsum32[s];
+}
+
+/* The same for a 32-block (d already set). */
+static inline void store_sum_32(act_32 *y, int sum) {
+    y->sum = sum;
+    y->s = y->d * (float)sum;
+}
+
+static int sum_i8(const int8_t *q, int n) {
+    int sum = 0;
+    for (int i = 0; i < n; i++) sum += q[i];
+    return sum;
 }
 
 static void quantize_row_k_portable(const float *x, int64_t k, act_k *y) {
@@ -55,8 +63,8 @@ static void quantize_row_k_portable(const float *x, int64_t k, act_k *y) {
             float id;
             y[b].d32[s] = block_scale(v + 32 * s, 32, &id);
             for (int i = 32 * s; i < 32 * s + 32; i++) y[b].qs[i] = quant(v[i], id);
+            store_sums_k(&y[b], s, sum_i8(y[b].qs + 32 * s, 16), sum_i8(y[b].qs + 32 * s + 16, 16));
         }
-        block_sums_k(&y[b]);
     }
 }
 
@@ -65,10 +73,8 @@ static void quantize_row_32_portable(const float *x, int64_t k, act_32 *y) {
         const float *v = x + b * QK32;
         float id;
         y[b].d = block_scale(v, QK32, &id);
-        int sum = 0;
-        for (int i = 0; i < QK32; i++) { y[b].qs[i] = quant(v[i], id); sum += y[b].qs[i]; }
-        y[b].s = y[b].d * (float)sum;
-        y[b].sum = sum;
+        for (int i = 0; i < QK32; i++) y[b].qs[i] = quant(v[i], id);
+        store_sum_32(&y[b], sum_i8(y[b].qs, QK32));
     }
 }
 
@@ -120,10 +126,7 @@ static void quantize_row_k_avx2(const float *x, int64_t k, act_k *y) {
         for (int s = 0; s < 8; s++) {
             int sum16[2];
             y[b].d32[s] = quant32_avx2(x + b * QK_K + 32 * s, y[b].qs + 32 * s, sum16);
-            y[b].bsum16[2 * s] = (int16_t)sum16[0];
-            y[b].bsum16[2 * s + 1] = (int16_t)sum16[1];
-            y[b].bsum32[s] = (int16_t)(sum16[0] + sum16[1]);
-            y[b].s32[s] = y[b].d32[s] * (float)y[b].bsum32[s];
+            store_sums_k(&y[b], s, sum16[0], sum16[1]);
         }
     }
 }
@@ -132,8 +135,7 @@ static void quantize_row_32_avx2(const float *x, int64_t k, act_32 *y) {
     for (int64_t b = 0; b < k / QK32; b++) {
         int sum16[2];
         y[b].d = quant32_avx2(x + b * QK32, y[b].qs, sum16);
-        y[b].sum = sum16[0] + sum16[1];
-        y[b].s = y[b].d * (float)y[b].sum;
+        store_sum_32(&y[b], sum16[0] + sum16[1]);
     }
 }
 #pragma GCC pop_options
