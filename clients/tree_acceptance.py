@@ -97,20 +97,23 @@ def replay(requests: list[tuple[list[int], list[int]]], nodes: int, depth: int, 
     return tokens, steps
 
 
-def generate(model: str, max_tokens: int, kinds: list[str]) -> dict[str, list[tuple[list[int], list[int]]]]:
+def generate(model: str | None, max_tokens: int, kinds: list[str], agentic_max_tokens: int | None = None,
+             quantize: str = "auto") -> dict[str, list[tuple[list[int], list[int]]]]:
+    """Greedy outputs of the target alone (``model`` None: the embedded pair's), per kind; the
+    agentic turns with ``agentic_max_tokens`` (default ``max_tokens``)."""
     from specdec_core import Engine, EngineConfig, SamplingParams
 
     sys.path.insert(0, str(ROOT))
     from benchmark.agentic import load_sessions
 
-    engine = Engine(EngineConfig(model=model, speculative_method="none", max_model_len=8192), progress=False)
+    engine = Engine(EngineConfig(model=model, quantize=quantize, speculative_method="none",  # type: ignore[arg-type]
+                                 max_model_len=8192), progress=False)
     tok = engine.tokenizer
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     prompts = json.loads((ROOT / "prompts.json").read_text())
     out: dict[str, list[tuple[list[int], list[int]]]] = {}
 
-    def run(ids: list[int]) -> list[int]:
-        return engine.generate([ids], params)[0].token_ids
+    def run(ids: list[int], max_new: int = max_tokens) -> list[int]:
+        return engine.generate([ids], SamplingParams(max_tokens=max_new, temperature=0.0))[0].token_ids
 
     def chat(messages: list[dict[str, str]]) -> list[int]:
         return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
@@ -122,7 +125,7 @@ def generate(model: str, max_tokens: int, kinds: list[str]) -> dict[str, list[tu
             for turn in session["turns"]:
                 messages.append({"role": "user", "content": turn})
                 ids = chat(messages)
-                answer = run(ids)
+                answer = run(ids, agentic_max_tokens or max_tokens)
                 out["agentic"].append((ids, answer))
                 messages.append({"role": "assistant", "content": tok.decode(answer, skip_special_tokens=True)})
     if "chat" in kinds:

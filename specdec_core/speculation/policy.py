@@ -74,10 +74,12 @@ class SpeculationPolicy:
     """Sets ``num_drafts`` and ``source`` on the decoding items of a scheduled step."""
 
     def __init__(self, method: str, costs: StepCostModel, adaptive: bool, max_model_len: int,
-                 lookups: dict[Source, LookupProposer]) -> None:
+                 lookups: dict[Source, LookupProposer], has_draft: bool = True) -> None:
         """``lookups``: the method's lookup proposers by source, asked how many tokens they have
-        for a request; the step asks them again for the chosen k."""
+        for a request; the step asks them again for the chosen k. ``has_draft``: whether a draft
+        model runs (``auto`` without one chooses among the lookups only)."""
         self.method = method
+        self.has_draft = has_draft
         self.costs = costs
         self.adaptive = adaptive
         self.max_model_len = max_model_len
@@ -121,7 +123,7 @@ class SpeculationPolicy:
             found = len(proposer.lookup_tree(req, cap))
             if found:
                 options.append(_Choice(item, source, req.alpha(source), found))
-        if self.method in ("draft", "auto"):
+        if self.method in ("draft", "auto") and self.has_draft:
             options.append(_Choice(item, "draft", req.alpha("draft"), cap))
         if len(options) <= 1:
             return options[0] if options else None

@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""How fast can lookup speculation make a workload on this machine, at most? The engine's own
+policy and proposers replayed over real greedy outputs, against an oracle that knows how many
+drafts the target will accept, both priced by a measured step-cost table.
+
+A served benchmark (``bench.py``) says what speculation gives; it cannot say what it *could*
+give: whether a goal is out of reach for the policy (it guesses acceptance) or for any policy
+(the proposals and the price of a verified row decide). This replay separates the two:
+
+1. Every request's greedy output is generated with the target alone (``tree_acceptance.generate``:
+   the agentic sessions re-send their real earlier answers, the code_edit prompts of
+   ``prompts.json``), or loaded from an earlier ``--save``.
+2. Each output is replayed as a greedy speculative run would see it, one verify pass at a time:
+   - ``policy``: the engine's ``SpeculationPolicy`` chooses the source and k from the request's
+     acceptance history and the cost table, the real ``NgramProposer``/``SuffixProposer`` propose
+     (the global suffix trie fed by the requests finished before), the pass keeps the drafts'
+     longest prefix that equals the real output plus the target's own token;
+   - ``oracle``: for each lookup's proposal the number the target would accept is known, and the
+     pass takes the source and k that commit the most tokens per second of the pass.
+   Greedy acceptance does not depend on how the rows are computed, so this is what a served run
+   accepts (the same tokens in the same order).
+3. Seconds come from the table: a pass of 1 + k rows costs ``target(1 + k)`` with the request's
+   cached tokens, speculation off one ``target(1)`` per token. Decode only: prefill, the host's
+   work and the HTTP layer are the same with and without speculation and are left out, so a
+   served ratio is lower than this one by their share.
+
+The draft model is not replayed (its proposals need its own forwards): ``auto`` here is the
+per-pass choice between the two lookups, what ``--speculative-method auto`` does without a draft
+model. Served with the default pair, ``auto`` chose no draft-model tokens on these workloads.
+
+    python clients/speculation_ceiling.py --save /tmp/outputs.json       # generate, then replay
+    python clients/speculation_ceiling.py --load /tmp/outputs.json --costs ~/.cache/specdec/step-costs/X.json
+    python clients/speculation_ceiling.py --load /tmp/outputs.json --row-cost 0.25   # rows at a quarter of the price
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT.parent))
+sys.path.insert(0, str(ROOT))
+
+from specdec_core import SamplingParams  # noqa: E402
+from specdec_core.engine.request import Request  # noqa: E402
+from specdec_core.engine.step_plan import ScheduledRequest  # noqa: E402
+from specdec_core.speculation.acceptance import Source  # noqa: E402
+from specdec_core.speculation.cost_model import CostTable, StepCostModel  # noqa: E402
+from specdec_core.speculation.ngram import NgramProposer  # noqa: E402
+from specdec_core.speculation.policy import LookupProposer, SpeculationPolicy  # noqa: E402
+from specdec_core.speculation.suffix import SuffixProposer  # noqa: E402
+
+# One request's verify pass by rows, 256 cached tokens a row, the default pair's target (`gguf`):
+# `python clients/step_costs.py --modes gguf --stat min --repeats 5`, 2-core EPYC, 2026-11-25, ms.
+MEASURED_ROWS = ([1, 2, 3, 5, 9], [57.1, 61.6, 71.2, 92.2, 159.5])
+MEASURED_PER_CONTEXT = 3.07e-6  # seconds per row and cached token past 256 (the calibration's term)
+MEASURED_CONTEXT = 256
+NGRAM_N = (1, 4)  # EngineConfig's ngram_min, ngram_max
+SUFFIX_DEPTH, SUFFIX_CACHE_TOKENS = 24, 16384  # EngineConfig's suffix_depth, suffix_cache_tokens
+MAX_MODEL_LEN = 32768
+
+
+@dataclass
+class Replay:
+    """One workload under one chooser: decode seconds with and without speculation."""
+
+    tokens: int = 0
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    seconds: float = 0.0
+    off_seconds: float = 0.0
+
+    @property
+    def speedup(self) -> float:
+        return self.off_seconds / self.seconds if self.seconds else 0.0
+
+
+def cost_table(path: Path | None, row_cost: float) -> StepCostModel:
+    """The target's table from a step-cost cache file (``SPECDEC_CACHE_DIR/step-costs/*.json``,
+    as the server saved it) or the measured rows above; ``row_cost`` scales what each row past the
+    first adds (0.25: rows at a quarter of their price, about an H100's)."""
+    if path is not None:
+        t = json.loads(path.read_text())["target"]
+        sizes, seconds, per_context, context = t["sizes"], t["seconds"], t["per_context"], t["context"]
+    else:
+        sizes, ms = MEASURED_ROWS
+        seconds, per_context, context = [s / 1000 for s in ms], MEASURED_PER_CONTEXT, MEASURED_CONTEXT
+    seconds = [seconds[0] + row_cost * (s - seconds[0]) for s in seconds]
+    return StepCostModel(CostTable(list(sizes), seconds, per_context, context), None)
+
+
+def matched(drafts: list[int], truth: list[int]) -> int:
+    """How many of ``drafts`` a greedy verification keeps: their longest prefix equal to ``truth``."""
+    n = 0
+    while n < len(drafts) and n < len(truth) and drafts[n] == truth[n]:
+        n += 1
+    return n
+
+
+class Chooser:
+    """The policy's choice of one pass: the source and the drafts to verify."""
+
+    def __init__(self, method: str, costs: StepCostModel, lookups: dict[Source, LookupProposer], cap: int) -> None:
+        self.costs, self.lookups, self.cap = costs, lookups, cap
+        self.policy = SpeculationPolicy(method, costs, adaptive=True, max_model_len=MAX_MODEL_LEN, lookups=lookups,
+                                        has_draft=False)
+
+    def choose(self, req: Request, truth: list[int]) -> tuple[Source | None, list[int]]:
+        item = ScheduledRequest(req, 1)
+        self.policy.plan([item])
+        if not item.num_drafts or item.source is None:
+            return None, []
+        return item.source, self.lookups[item.source].lookup_tree(req, item.num_drafts).tokens
+
+
+class Oracle(Chooser):
+    """Knows how many of each lookup's drafts the target keeps; verifies exactly the prefix that
+    pays most per second (fewer where a row costs more than its token saves)."""
+
+    def choose(self, req: Request, truth: list[int]) -> tuple[Source | None, list[int]]:
+        context = req.num_computed
+        best: tuple[float, Source | None, list[int]] = (1 / self._cost(1, context), None, [])
+        for source, proposer in self.lookups.items():
+            drafts = proposer.lookup_tree(req, min(self.cap, len(truth) - 1)).tokens
+            for k in range(1, matched(drafts, truth) + 1):
+                rate = (k + 1) / self._cost(k + 1, context)
+                if rate > best[0]:
+                    best = (rate, source, drafts[:k])
+        return best[1], best[2]
+
+    def _cost(self, rows: int, context: int) -> float:
+        return self.costs.target(rows, frozen=True, context_tokens=rows * context)
+
+
+def replay(requests: list[tuple[list[int], list[int]]], method: str, costs: StepCostModel, cap: int,
+           oracle: bool) -> Replay:
+    """Every request in order, one verify pass at a time, as the engine commits them."""
+    ngram, suffix = NgramProposer(*NGRAM_N), SuffixProposer(SUFFIX_DEPTH, SUFFIX_CACHE_TOKENS)
+    lookups: dict[Source, LookupProposer] = {s: p for s, p in (("ngram", ngram), ("suffix", suffix))
+                                             if method in (s, "auto")}
+    chooser = (Oracle if oracle else Chooser)(method, costs, lookups, cap)
+    result = Replay()
+    for i, (prompt, out) in enumerate(requests):
+        req = Request(f"r{i}", list(prompt), SamplingParams(max_tokens=len(out), temperature=0.0), random.Random(0),
+                      None, cap, ngram=ngram.new_index(), suffix=suffix.new_index())  # type: ignore[arg-type]
+        req.num_computed = len(prompt) - 1  # prefilled: the last prompt token is the next step's
+        while len(req.output_ids) < len(out):
+            truth = out[len(req.output_ids):]
+            source, drafts = chooser.choose(req, truth)
+            kept = matched(drafts, truth)
+            new = truth[:kept + 1]
+            context = req.num_computed
+            rows = 1 + len(drafts)
+            result.seconds += costs.target(rows, frozen=True, context_tokens=rows * context)
+            result.off_seconds += sum(costs.target(1, frozen=True, context_tokens=context + j) for j in range(len(new)))
+            req.num_computed += len(new)
+            req.all_ids += new
+            req.output_ids += new
+            req.stats.record_verify(len(new), len(drafts), kept)
+            if drafts and source is not None:
+                req.learn(source, kept, len(drafts))
+            result.passes += 1
+            result.drafted += len(drafts)
+            result.accepted += kept
+        result.tokens += len(out)
+        suffix.retire(req)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="target (default: the embedded pair's 1.5B)")
+    p.add_argument("--quantize", default="gguf")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--agentic-max-tokens", type=int, default=256, help="as bench.py's agentic turns")
+    p.add_argument("--kinds", default="agentic,code_edit")
+    p.add_argument("--save", type=Path, default=None, help="keep the generated outputs here (JSON)")
+    p.add_argument("--load", type=Path, default=None, help="replay outputs saved by --save (or tree_acceptance.py)")
+    p.add_argument("--costs", type=Path, default=None, help="a step-cost cache file (default: the rows measured above)")
+    p.add_argument("--row-cost", type=float, default=1.0, help="scale what a row past the first costs")
+    p.add_argument("--caps", default="4,8,12", help="most drafts a pass verifies (the server's k)")
+    p.add_argument("--methods", default="ngram,suffix,auto")
+    args = p.parse_args(argv)
+    if args.load:
+        data = json.loads(args.load.read_text())
+    else:
+        from tree_acceptance import generate
+
+        data = generate(args.model, args.max_tokens, args.kinds.split(","), args.agentic_max_tokens, args.quantize)
+    if args.save:
+        args.save.write_text(json.dumps(data))
+    costs = cost_table(args.costs, args.row_cost)
+    print(f"target rows 1, 5, 9: {', '.join(f'{costs.target(n, frozen=True) * 1000:.1f}' for n in (1, 5, 9))} ms")
+    print("| kind | k | method | policy | oracle | policy tokens/pass | oracle tokens/pass | policy acceptance |")
+    print("|---|---|---|---|---|---|---|---|")
+    for kind, requests in data.items():
+        for cap in (int(c) for c in args.caps.split(",")):
+            for method in args.methods.split(","):
+                pol, orc = (replay(requests, method, costs, cap, oracle) for oracle in (False, True))
+                print(f"| {kind} | {cap} | {method} | {pol.speedup:.2f}x | {orc.speedup:.2f}x | "
+                      f"{pol.tokens / pol.passes:.2f} | {orc.tokens / orc.passes:.2f} | "
+                      f"{pol.accepted / max(pol.drafted, 1):.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
