@@ -227,6 +227,27 @@ def test_auto_greedy_equals_target_only_and_uses_both_proposers(pair, adaptive):
         assert by_source.get("ngram", 0) > 0 and by_source.get("draft", 0) > 0, by_source
 
 
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_auto_without_a_draft_model_chooses_among_the_lookups(pair, adaptive):
+    target, _ = pair
+    base = dict(num_speculative_tokens=4, seed=0, max_num_seqs=4)
+    alone = Engine.from_loaded(EngineConfig(speculative_method="none", **base), target).generate(PROMPTS, GREEDY)
+    eng = Engine.from_loaded(EngineConfig(speculative_method="auto", adaptive_speculation=adaptive, **base), target)
+    assert eng.method == "auto" and eng.drafter is None
+    assert [c.token_ids for c in eng.generate(PROMPTS, GREEDY)] == [c.token_ids for c in alone]
+    by_source = eng.metrics.draft_tokens_by_source
+    assert by_source.get("ngram", 0) + by_source.get("suffix", 0) > 0 and "draft" not in by_source, by_source
+    # Nothing to look up: no draft-model choice to fall back on, so no drafts at all.
+    req = request(0.9, source="ngram")
+    assert _auto_without_draft(req, {"ngram": ShortLookup(9, 0), "suffix": ShortLookup(8, 0)}).num_drafts == 0
+
+
+def _auto_without_draft(req: Request, lookups: dict) -> ScheduledRequest:
+    items = [ScheduledRequest(req, 1)]
+    SpeculationPolicy("auto", StepCostModel(CPU_COSTS.target_table, None), True, 512, lookups, has_draft=False).plan(items)
+    return items[0]
+
+
 def test_a_reduced_draft_head_proposes_only_its_tokens_and_stays_exact(pair):
     target, draft = pair
     base = dict(num_speculative_tokens=3, seed=0, adaptive_speculation=False, max_num_seqs=4)

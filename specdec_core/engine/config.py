@@ -62,7 +62,7 @@ class EngineConfig:
         "draft model for --speculative-method draft (same forms as --model)", group="models"))
     speculative_method: SpeculativeMethod | None = field(default=None, metadata=_flag(
         "how tokens are proposed: 'auto' (per request and step, whichever of n-gram lookup, suffix lookup and the "
-        "draft model pays most from measured costs and the request's acceptance), 'draft' (a draft model), 'ngram' "
+        "draft model (if one is given) pays most from measured costs and the request's acceptance), 'draft' (a draft model), 'ngram' "
         "(lookup in the request's own tokens), 'suffix' (suffix tries over the request's own tokens and recent "
         "requests' outputs) or 'none'",
         group="models", default_help="auto when a draft model is given or for the default pair, else ngram"))
@@ -176,8 +176,9 @@ class EngineConfig:
 
 def speculation_method(requested: str | None, draft_available: bool) -> str:
     """The method an engine runs: the one asked for, else ``auto`` with a draft model and
-    ``ngram`` without; a draft-model method without a draft model is refused."""
+    ``ngram`` without; ``draft`` without a draft model is refused (``auto`` without one chooses
+    among the lookups)."""
     method = requested or ("auto" if draft_available else "ngram")
-    if method in ("draft", "auto") and not draft_available:
+    if method == "draft" and not draft_available:
         raise ValueError(f"speculative_method {method!r} needs a draft model (--draft-model)")
     return method

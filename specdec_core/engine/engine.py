@@ -76,10 +76,11 @@ class Engine:
         dtype = resolve_dtype(config.dtype, device)
         resolve_quantize(config.quantize, device, dtype)  # refuse a bad combination before loading
         # The embedded default (no --model) is a pair: it always has a draft model.
-        method = speculation_method(config.speculative_method, config.draft_model is not None or config.model is None)
+        has_draft = config.draft_model is not None or config.model is None
+        method = speculation_method(config.speculative_method, has_draft)
         target = load_model(config.model, role="target", device=device, dtype=dtype, cache_dir=config.cache_dir, progress=progress)
         draft = None
-        if method in ("draft", "auto"):
+        if method in ("draft", "auto") and has_draft:
             draft = load_model(config.draft_model, role="draft", device=device, dtype=dtype, cache_dir=config.cache_dir,
                                progress=progress)
         self._setup(config, target, draft, method, owns_models=True)
@@ -153,7 +154,8 @@ class Engine:
                                                  self.quantize, 1 + self.num_speculative_tokens)
         self.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
         self.grammars.warm()
-        self.policy = SpeculationPolicy(method, self.costs, config.adaptive_speculation, self.max_model_len, lookups)
+        self.policy = SpeculationPolicy(method, self.costs, config.adaptive_speculation, self.max_model_len, lookups,
+                                        has_draft=self.drafter is not None)
 
     def save_costs(self) -> None:
         """Write the step costs real steps have corrected (when the engine stops)."""
