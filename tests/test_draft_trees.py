@@ -102,11 +102,11 @@ def candidates(trie: SuffixTrie, context: list[int], max_match: int, min_prob: f
     stack = [((), node, 1.0)]
     while stack:
         path, n, prob = stack.pop()
-        if len(path) >= limit or n is None or not n.children:
+        if len(path) >= limit or n is None or not trie.children(n):
             continue
-        for t, child in n.children.items():
-            if child.count / n.count >= min_prob:
-                out[path + (t,)] = prob * child.count / n.count
+        for t, child in trie.children(n).items():
+            if trie.count(child) / trie.count(n) >= min_prob:
+                out[path + (t,)] = prob * trie.count(child) / trie.count(n)
                 stack.append((path + (t,), child, out[path + (t,)]))
     return m, out
 
