@@ -161,3 +161,22 @@ def test_failed_load_reports_and_signals_fatal() -> None:
         r = httpx.get(srv.url + "/health")
         assert r.status_code == 503 and r.json()["status"] == "failed" and "/nowhere" in r.json()["reason"]
         error_of(httpx.post(srv.url + C, json=BODY), 503)
+
+
+def test_the_real_engine_builder_freezes_the_startup_heap(tiny_target: Path) -> None:
+    """``load_engine`` (what ``specdec serve`` builds) leaves the loaded models out of every later
+    garbage collection: without the freeze a full collection walks them each time."""
+    import gc
+
+    from server.generation.engine_host import load_engine
+    from specdec_core.engine.config import EngineConfig
+
+    gc.unfreeze()
+    engine = load_engine(EngineConfig(model=str(tiny_target), speculative_method="ngram", max_model_len=256))
+    try:
+        assert gc.get_freeze_count() > 0
+        untracked_model = not any(gc.is_tracked(o) and o is engine for o in gc.get_objects())
+        assert untracked_model  # the engine itself is in the permanent generation
+    finally:
+        engine.shutdown()
+        gc.unfreeze()
