@@ -302,12 +302,13 @@ class Engine:
             scores = outcome.logits
             if it.request.params.logprobs_mode == "processed_logprobs" and outcome.processed is not None:
                 scores = outcome.processed
+            before = it.request.num_tokens
             try:
-                out = self._commit(it.request, drafts, it.source, accepted, final,
-                                   scores[row:row + len(drafts) + 1])
+                out = self._commit(it.request, drafts, it.source, accepted, final, scores[row:row + len(drafts) + 1])
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
                 log.error("request %s failed", it.request.request_id, exc_info=exc)
                 out = self._fail(it.request, exc)
+            self.policy.traffic.score(it.lookups, it.request.all_ids[before:])
             if out is not None:
                 outputs.append(out)
         return outputs
@@ -347,7 +348,6 @@ class Engine:
         if drafts and source is not None:
             self.metrics.record_verify(source, len(drafts), counted)
             req.learn(source, accepted, len(drafts))
-            self.policy.traffic.observe(source, accepted, len(drafts))
         logprobs = token_logprobs(logits[: len(kept)], kept, req.params.logprobs or 0) if req.params.logprobs is not None else None
         out = RequestOutput(req.request_id, kept, delta, logprobs=logprobs, sources=sources, provenance=pieces)
         if reason is not None:

@@ -66,23 +66,36 @@ class AcceptanceEstimate:
 
 
 class TrafficAcceptance:
-    """What each lookup source has kept lately across all requests: the prior an unseeded request
-    starts from and relaxes back to (``LOOKUP_RELAX``), instead of a fixed 0.5.
+    """What each lookup source would have kept lately across all requests: the prior an unseeded
+    request starts from and relaxes back to (``LOOKUP_RELAX``), instead of a fixed 0.5.
 
     A fixed prior tells every new request, and every request that paused a lookup, that half its
     drafts will be kept. Where traffic keeps far fewer, at several streams, where a verified row
     costs a tenth of a step on the CPU, that re-tried lookups that did not pay: chat at 4 streams
-    drafted 1,367 lookup tokens and kept 0.26 of them, 0.93x speculation off (2026-11-27). Seeded
-    sampled requests keep the fixed prior, so their depth stays a function of their own history.
+    drafted 1,367 lookup tokens and kept 0.26 of them, 0.93x speculation off (2026-11-27).
+
+    A lookup costs no forward, so every lookup the policy made for a request, chosen or not, is
+    scored against the tokens the step then committed (``score``): as many of its first tokens as
+    were committed, up to the first that differs. For greedy requests that is exactly what
+    verifying it would have kept, and in expectation for sampled ones (a one-hot draft is kept with
+    the probability the target gives it). An estimate fed only by verified passes locked itself
+    out: once a lookup's prior fell below the other's, it was never chosen, so never learned again.
+    Seeded sampled requests keep the fixed prior, so their depth depends on their own history only.
     """
 
     def __init__(self) -> None:
         self._estimates = {s: AcceptanceEstimate(PRIOR[s], decay=TRAFFIC_DECAY) for s in LOOKUP_SOURCES}
 
-    def observe(self, source: Source, accepted: int, proposed: int) -> None:
-        """One verify pass of any request: ``proposed`` drafts of ``source``, ``accepted`` kept."""
-        if source in self._estimates:
-            self._estimates[source].update(accepted, proposed)
+    def score(self, proposals: dict[Source, list[int]], committed: list[int]) -> None:
+        """One request's step: each source's proposal (its first chain) against the tokens the
+        step committed after the point it was proposed at. A proposal that outlives them counts
+        its matched tokens only (no failure seen yet)."""
+        if not committed:
+            return  # the request failed: nothing to score against
+        for source, tokens in proposals.items():
+            matched = next((j for j, (a, b) in enumerate(zip(tokens, committed)) if a != b), min(len(tokens), len(committed)))
+            failed = matched < len(tokens) and matched < len(committed)
+            self._estimates[source].update(matched, matched + 1 if failed else matched)
 
     def priors(self) -> dict[Source, float]:
         """Each source's prior for a new unseeded request: the lookups' from the traffic."""
