@@ -12,7 +12,7 @@ from conftest import load
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.engine.request import Request
 from specdec_core.engine.step_plan import ScheduledRequest
-from specdec_core.speculation.acceptance import MAX_ALPHA, PRIOR, TrafficAcceptance, expected_tokens
+from specdec_core.speculation.acceptance import expected_tokens
 from specdec_core.speculation.cost_model import CostTable, StepCostModel
 from specdec_core.speculation.draft_tree import DraftTree
 from specdec_core.speculation.ngram_index import NgramIndex
@@ -187,64 +187,6 @@ def test_auto_retries_a_lookup_it_gave_up_on():
     assert _auto(req, lookups).source == "ngram"
     # The estimate itself is unchanged until the lookup verifies again; the draft never relaxes.
     assert req.acceptance["ngram"].alpha < 0.2 and req.alpha("draft") == pytest.approx(0.8)
-
-
-def test_every_lookup_is_scored_against_what_was_committed_chosen_or_not():
-    """The traffic's estimate of a lookup learns from every lookup the policy made: one fed only
-    by verified passes locked itself out once the other lookup's prior was higher."""
-    traffic = TrafficAcceptance()
-    for _ in range(400):
-        # n-gram proposed [5, 6, 7]; one token was committed and it was 5: a success, no failure yet.
-        # suffix proposed [8, 9]: the committed 5 rejects its first token.
-        traffic.score({"ngram": [5, 6, 7], "suffix": [8, 9]}, [5])
-    assert traffic.priors()["ngram"] == pytest.approx(MAX_ALPHA) and traffic.priors()["suffix"] < 0.02
-    traffic = TrafficAcceptance()
-    for _ in range(400):
-        traffic.score({"ngram": [5, 6, 7, 8]}, [5, 6, 1])  # 2 kept, the third rejected: 2 of 3 trials
-    assert traffic.priors()["ngram"] == pytest.approx(2 / 3, abs=0.01)
-    assert traffic.priors()["draft"] == PRIOR["draft"]  # the draft model's prior is not the traffic's
-
-    # The policy hands the commit every lookup it made, the one it did not choose too.
-    req = request(0.5, source="ngram")
-    item = ScheduledRequest(req, 1)
-    policy = SpeculationPolicy("auto", CPU_COSTS, adaptive=True, max_model_len=4096,
-                               lookups={"ngram": RepeatLookup(9), "suffix": ShortLookup(8, 2)},  # type: ignore[dict-item]
-                               has_draft=False)
-    policy.plan([item])
-    assert item.lookups == {"ngram": [9, 9, 9, 9], "suffix": [8, 8]}
-
-
-def test_new_requests_start_from_what_the_traffic_keeps_and_seeded_ones_from_the_fixed_prior():
-    """Chat traffic keeps ~0.26 of lookup drafts: a fixed prior of 0.5 had every new request, and
-    every paused lookup (relaxing back to it), draft where a 4-stream step's rows do not pay."""
-    traffic = TrafficAcceptance()
-    for _ in range(300):
-        traffic.score({"ngram": [1, 2], "suffix": [3]}, [1, 9])  # n-gram: 1 of 2 trials; suffix: 0 of 1
-    priors = traffic.priors()
-    assert priors["ngram"] == pytest.approx(0.5, abs=0.02) and priors["suffix"] < 0.02
-
-    def new(seed: int | None, temperature: float) -> Request:
-        params = SamplingParams(max_tokens=100, temperature=temperature, seed=seed)
-        return Request("r", [1, 2], params, random.Random(0), None, 4, priors=priors)  # type: ignore[arg-type]
-
-    unseeded, seeded = new(None, 0.0), new(7, 0.8)
-    assert unseeded.alpha("ngram") == pytest.approx(priors["ngram"]) and unseeded.alpha("suffix") < 0.02
-    assert seeded.alpha("ngram") == PRIOR["ngram"] and seeded.alpha("suffix") == PRIOR["suffix"]
-    # A paused lookup relaxes back to the traffic's value, not to 0.5.
-    unseeded.learn("suffix", 4, 4)
-    unseeded.stats.verify_steps += 200
-    assert unseeded.alpha("suffix") == pytest.approx(priors["suffix"], abs=1e-6)
-    # Four requests, one lookup draft each on the table of a 4-stream step: the prior decides.
-    four = StepCostModel(CostTable([1, 4, 5, 6, 8], [70.0, 89.0, 97.0, 106.0, 161.0]), None)
-    lookups = {"suffix": RepeatLookup(5)}
-    for prior, drafts in ((0.5, True), (priors["suffix"], False)):
-        reqs = [Request("r", [1, 2], SamplingParams(max_tokens=100), random.Random(0), None, 4,  # type: ignore[arg-type]
-                        priors={**PRIOR, "suffix": prior}) for _ in range(4)]
-        for r in reqs:
-            r.num_computed = 1
-        items = [ScheduledRequest(r, 1) for r in reqs]
-        SpeculationPolicy("suffix", four, adaptive=True, max_model_len=4096, lookups=lookups).plan(items)  # type: ignore[arg-type]
-        assert any(it.num_drafts for it in items) == drafts
 
 
 def test_observed_steps_rescale_the_live_costs_only():

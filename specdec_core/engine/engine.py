@@ -201,7 +201,6 @@ class Engine:
             grammar=self.grammars.compile(params.structured).new_state() if params.structured is not None else None,
             min_tokens_ban=ban,
             provenance=TextProvenance() if params.provenance else None,
-            priors=self.policy.traffic.priors(),
         )
 
     def add_request(self, req: Request) -> None:
@@ -302,18 +301,17 @@ class Engine:
             scores = outcome.logits
             if it.request.params.logprobs_mode == "processed_logprobs" and outcome.processed is not None:
                 scores = outcome.processed
-            before = it.request.num_tokens
             try:
-                out = self._commit(it.request, drafts, it.source, accepted, final, scores[row:row + len(drafts) + 1])
+                out = self._commit(it.request, drafts, it.source, accepted, final,
+                                   scores[row:row + len(drafts) + 1])
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
                 log.error("request %s failed", it.request.request_id, exc_info=exc)
                 out = self._fail(it.request, exc)
-            self.policy.traffic.score(it.lookups, it.request.all_ids[before:])
             if out is not None:
                 outputs.append(out)
         return outputs
 
-    def _commit(self, req: Request, drafts: list[int], source: Source | None, accepted: int, final: int,
+    def _commit(self, req: Request, drafts: list[int], source: str | None, accepted: int, final: int,
                 logits: torch.Tensor) -> RequestOutput | None:
         new = drafts[:accepted] + [final]
         req.num_computed += accepted
@@ -347,7 +345,7 @@ class Engine:
         self.metrics.total_generation_tokens += len(kept)
         if drafts and source is not None:
             self.metrics.record_verify(source, len(drafts), counted)
-            req.learn(source, accepted, len(drafts))
+            req.learn(source, accepted, len(drafts))  # type: ignore[arg-type]
         logprobs = token_logprobs(logits[: len(kept)], kept, req.params.logprobs or 0) if req.params.logprobs is not None else None
         out = RequestOutput(req.request_id, kept, delta, logprobs=logprobs, sources=sources, provenance=pieces)
         if reason is not None:
@@ -386,13 +384,15 @@ class Engine:
 
     def _refresh_gauges(self) -> None:
         m, s = self.metrics, self.scheduler
-        m.num_running, m.num_waiting, m.kv_cache_usage, m.num_preemptions = len(s.running), len(s.waiting), s.kv_usage, s.num_preemptions
+        m.num_running, m.num_waiting, m.kv_cache_usage = len(s.running), len(s.waiting), s.kv_usage
+        m.num_preemptions = s.num_preemptions
 
     # ------------------------------------------------------------------ offline helper
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]) -> list[Completion]:
         """Run prompts to completion (all submitted at once) and return them in order."""
-        reqs = [self.make_request(p, sp) for p, sp in zip(prompts, params if isinstance(params, list) else [params] * len(prompts))]
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        reqs = [self.make_request(p, sp) for p, sp in zip(prompts, plist)]
         for r in reqs:
             self.add_request(r)
         while self.has_unfinished():

@@ -6,7 +6,6 @@ from __future__ import annotations
 import enum
 import random
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -52,7 +51,6 @@ class Request:
         grammar: GrammarState | None = None,
         min_tokens_ban: list[int] | None = None,
         provenance: TextProvenance | None = None,
-        priors: Mapping[Source, float] | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_ids = prompt_ids
@@ -73,12 +71,9 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
         self.stats = RequestStats(prompt_tokens=len(prompt_ids), arrival_time=time.monotonic())
-        # This request's own acceptance per proposer, for the speculation policy, from ``priors``
-        # (the traffic's, ``TrafficAcceptance``) unless seeded: a seeded request's depth may depend
-        # on its own history only.
-        start = PRIOR if priors is None or self.seeded else priors
-        self.acceptance = {source: AcceptanceEstimate(start[source], relax=LOOKUP_RELAX if source in LOOKUP_SOURCES else 0.0)
-                           for source in PRIOR}
+        # This request's own acceptance per proposer, for the speculation policy.
+        self.acceptance = {source: AcceptanceEstimate(prior, relax=LOOKUP_RELAX if source in LOOKUP_SOURCES else 0.0)
+                           for source, prior in PRIOR.items()}
         # Prompt-lookup index over all_ids, for the n-gram proposer (None when it is not used).
         self.ngram = ngram
         # Suffix trie over all_ids, for the suffix proposer (None when it is not used).

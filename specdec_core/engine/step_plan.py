@@ -20,9 +20,6 @@ class ScheduledRequest:
     num_new: int
     num_drafts: int = 0
     source: Source | None = None
-    # Every lookup the policy made for this request this step, chosen or not (their first chains):
-    # the commit scores them against what it commits (``TrafficAcceptance.score``).
-    lookups: dict[Source, list[int]] = field(default_factory=dict)
 
     @property
     def completes(self) -> bool:

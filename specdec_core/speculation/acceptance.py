@@ -12,19 +12,14 @@ ACCEPTANCE_DECAY = 0.8  # weight of a request's older verify passes in its accep
 MAX_ALPHA = 0.98
 # Acceptance assumed before a request has any history: optimistic enough that a lone request
 # tries the draft model at once (break-even on the 2-core CPU is about 0.7) and learns its own
-# alpha in a few steps, rather than waiting for a probe. For the lookups this is only where the
-# server's own traffic starts (``TrafficAcceptance``): unseeded requests start from, and relax
-# back to, what lookups have been keeping lately.
-PRIOR: dict[Source, float] = {"draft": 0.75, "ngram": 0.5, "suffix": 0.5}
+# alpha in a few steps, rather than waiting for a probe.
+PRIOR = {"draft": 0.75, "ngram": 0.5, "suffix": 0.5}
 # Per verify pass in which a lookup source was not tried, its estimate moves this much of the way
 # back to its prior. Without it, 'auto' dropped a lookup for good after a few misses (four empty
 # passes take 0.5 to 0.11, below a good draft model's value) even where its matches later paid
 # 1.5x the draft's (issue 23); a lookup's retry costs only verification rows. The draft model's does not relax:
 # its retries cost draft forwards, and probes (``policy.PROBE_INTERVAL``) already bound them.
 LOOKUP_RELAX = 0.1
-# Weight of older verify passes in the server-wide estimate, per pass of any request: it follows
-# the last few hundred passes (minutes of traffic at one stream, seconds at sixteen).
-TRAFFIC_DECAY = 0.995
 
 
 class AcceptanceEstimate:
@@ -36,8 +31,8 @@ class AcceptanceEstimate:
     text changes character (prose, then a code block).
     """
 
-    def __init__(self, prior: float, weight: float = 2.0, relax: float = 0.0, decay: float = ACCEPTANCE_DECAY) -> None:
-        self.prior, self.relax, self.decay = prior, relax, decay
+    def __init__(self, prior: float, weight: float = 2.0, relax: float = 0.0) -> None:
+        self.prior, self.relax = prior, relax
         self.successes = prior * weight
         self.trials = weight
         self.updated_at = 0  # the request's verify passes when this estimate last learned
@@ -60,46 +55,9 @@ class AcceptanceEstimate:
         after a long pause starts from what the policy believed when it chose the source."""
         if self.relax:
             self.successes = self.alpha_at(passes) * self.trials
-        self.successes = self.decay * self.successes + accepted
-        self.trials = self.decay * self.trials + accepted + (1 if accepted < proposed else 0)
+        self.successes = ACCEPTANCE_DECAY * self.successes + accepted
+        self.trials = ACCEPTANCE_DECAY * self.trials + accepted + (1 if accepted < proposed else 0)
         self.updated_at = passes
-
-
-class TrafficAcceptance:
-    """What each lookup source would have kept lately across all requests: the prior an unseeded
-    request starts from and relaxes back to (``LOOKUP_RELAX``), instead of a fixed 0.5.
-
-    A fixed prior tells every new request, and every request that paused a lookup, that half its
-    drafts will be kept. Where traffic keeps far fewer, at several streams, where a verified row
-    costs a tenth of a step on the CPU, that re-tried lookups that did not pay: chat at 4 streams
-    drafted 1,367 lookup tokens and kept 0.26 of them, 0.93x speculation off (2026-11-27).
-
-    A lookup costs no forward, so every lookup the policy made for a request, chosen or not, is
-    scored against the tokens the step then committed (``score``): as many of its first tokens as
-    were committed, up to the first that differs. For greedy requests that is exactly what
-    verifying it would have kept, and in expectation for sampled ones (a one-hot draft is kept with
-    the probability the target gives it). An estimate fed only by verified passes locked itself
-    out: once a lookup's prior fell below the other's, it was never chosen, so never learned again.
-    Seeded sampled requests keep the fixed prior, so their depth depends on their own history only.
-    """
-
-    def __init__(self) -> None:
-        self._estimates = {s: AcceptanceEstimate(PRIOR[s], decay=TRAFFIC_DECAY) for s in LOOKUP_SOURCES}
-
-    def score(self, proposals: dict[Source, list[int]], committed: list[int]) -> None:
-        """One request's step: each source's proposal (its first chain) against the tokens the
-        step committed after the point it was proposed at. A proposal that outlives them counts
-        its matched tokens only (no failure seen yet)."""
-        if not committed:
-            return  # the request failed: nothing to score against
-        for source, tokens in proposals.items():
-            matched = next((j for j, (a, b) in enumerate(zip(tokens, committed)) if a != b), min(len(tokens), len(committed)))
-            failed = matched < len(tokens) and matched < len(committed)
-            self._estimates[source].update(matched, matched + 1 if failed else matched)
-
-    def priors(self) -> dict[Source, float]:
-        """Each source's prior for a new unseeded request: the lookups' from the traffic."""
-        return {**PRIOR, **{s: e.alpha for s, e in self._estimates.items()}}
 
 
 def expected_tokens(alpha: float, k: int) -> float:

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from specdec_core.engine.request import Request
 from specdec_core.engine.step_plan import ScheduledRequest
-from specdec_core.speculation.acceptance import Source, TrafficAcceptance, expected_tokens
+from specdec_core.speculation.acceptance import Source, expected_tokens
 from specdec_core.speculation.cost_model import StepCostModel
 from specdec_core.speculation.draft_tree import DraftTree
 
@@ -84,7 +84,6 @@ class SpeculationPolicy:
         self.adaptive = adaptive
         self.max_model_len = max_model_len
         self.lookups = lookups
-        self.traffic = TrafficAcceptance()  # the lookups' priors for new requests, from every verify pass
 
     def plan(self, items: list[ScheduledRequest]) -> None:
         choices = [c for c in (self._choice(it) for it in items) if c is not None]
@@ -121,10 +120,8 @@ class SpeculationPolicy:
             if self.method not in (source, "auto"):
                 continue
             # A completing item has every known token, so the lookup sees the full text.
-            tree = proposer.lookup_tree(req, cap)
-            found = len(tree)
+            found = len(proposer.lookup_tree(req, cap))
             if found:
-                item.lookups[source] = tree.tokens[:tree.chain_length]
                 options.append(_Choice(item, source, req.alpha(source), found))
         if self.method in ("draft", "auto") and self.has_draft:
             options.append(_Choice(item, "draft", req.alpha("draft"), cap))
