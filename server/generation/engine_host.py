@@ -75,7 +75,7 @@ def load_engine(config: EngineConfig) -> EngineLike:
     heap it left as permanent for the garbage collector (vLLM's engine core does the same).
 
     The models, tokenizer and libraries leave ~490K objects the cyclic collector would otherwise
-    walk in every full collection: ~350 ms each on the default pair, with the GIL held, so the
+    walk in every full collection: ~320 ms each on the default pair, with the GIL held, so the
     engine thread stalls too, whichever thread allocated. Frozen objects are never freed by the
     collector, which is what a server's one engine wants (it lives as long as the process); the
     garbage of loading is collected first. Only this builder freezes: tests that build engines

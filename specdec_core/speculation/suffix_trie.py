@@ -10,11 +10,11 @@ undoes exactly what adding it did, and ``count(w + [t]) / count(w)`` is how ofte
 
 A node is an integer: its count and its children (token -> node, made when the first child is)
 live in two lists the trie owns, and freed nodes are reused. So the tries hold no object the
-garbage collector tracks (a dict of ints to ints is untracked): with a node object per node,
-every trie update allocated tracked objects, the collector ran every few steps and a full pass
-walked every node of the global trie (one pass: ~350 ms beside the default pair's 490K startup
-objects, on the engine thread, only where speculation was on). A sequence of n tokens adds at
-most n * D nodes (fewer where text repeats), so a token budget is a memory bound.
+garbage collector tracks (a dict of ints to ints is untracked). With a node object per node,
+every trie update allocated tracked objects: the collector ran every few steps, and now and then
+a full pass walked every tracked object, the tries' nodes among them (~315 ms beside the default
+pair's 490K startup objects, on the engine thread, only where speculation was on). A sequence of
+n tokens adds at most n * D nodes (fewer where text repeats), so a token budget is a memory bound.
 """
 
 from __future__ import annotations
