@@ -14,7 +14,7 @@ the commit, the target and draft forwards, and the cyclic garbage collector by g
     python clients/host_time.py --kind code_edit --concurrency 16 --rounds 2 --json out.json
 
 Found with it (2026-11-27): the suffix tries' node objects made an 'on' request trigger the
-collector every other step, and a full collection (~350 ms beside the default pair's startup
+collector every other step, and a full collection (~315 ms beside the default pair's startup
 objects) inside a lookup; 'off' never paid it (docs/benchmarks.md).
 """
 
