@@ -43,20 +43,21 @@ def tree(trie: SuffixTrie, context: list[int], nodes: int, depth: int, max_match
     if node is None:
         return set(), 0.0
     limit = min(depth, math.ceil(SPEC_FACTOR * m))
-    heap: list = [(-1.0, (), id(node), node)]
+    heap: list = [(-1.0, (), node)]
     chosen: set[tuple[int, ...]] = set()
     score = 0.0
     while heap and len(chosen) < nodes + 1:
-        neg, path, _, at = heapq.heappop(heap)
+        neg, path, at = heapq.heappop(heap)
         if path:
             chosen.add(path)
             score -= neg
-        if len(path) >= limit or not at.children:
+        kids = trie.children(at)
+        if len(path) >= limit or not kids:
             continue
-        for token, child in at.children.items():
-            p = child.count / at.count
+        for token, child in kids.items():
+            p = trie.count(child) / trie.count(at)
             if p >= MIN_TOKEN_PROB:
-                heapq.heappush(heap, (neg * p, path + (token,), id(child), child))
+                heapq.heappush(heap, (neg * p, path + (token,), child))
     return chosen, score
 
 
