@@ -8,19 +8,22 @@ give: whether a goal is out of reach for the policy (it guesses acceptance) or f
 (the proposals and the price of a verified row decide). This replay separates the two:
 
 1. Every request's greedy output is generated with the target alone (``tree_acceptance.generate``:
-   the agentic sessions re-send their real earlier answers, the code_edit prompts of
+   the agentic sessions re-send their real earlier answers; the chat and code_edit prompts of
    ``prompts.json``), or loaded from an earlier ``--save``.
 2. Each output is replayed as a greedy speculative run would see it, one verify pass at a time:
    - ``policy``: the engine's ``SpeculationPolicy`` chooses the source and k from the request's
      acceptance history and the cost table, the real ``NgramProposer``/``SuffixProposer`` propose
      (the global suffix trie fed by the requests finished before), the pass keeps the drafts'
-     longest prefix that equals the real output plus the target's own token;
+     longest prefix that equals the real output plus the target's own token, and the request
+     learns from it as the engine's commit makes it (``Request.learn``: every lookup scored);
+     ``--concurrency N`` replays N requests in one step each pass, as the server batches them;
    - ``oracle``: for each lookup's proposal the number the target would accept is known, and the
      pass takes the source and k that commit the most tokens per second of the pass.
    Greedy acceptance does not depend on how the rows are computed, so this is what a served run
    accepts (the same tokens in the same order).
 3. Seconds come from the table: a pass of 1 + k rows costs ``target(1 + k)`` with the request's
-   cached tokens, speculation off one ``target(1)`` per token. Decode only: prefill, the host's
+   cached tokens (a step of several requests: their rows together), speculation off the same
+   replay without drafts. Decode only: prefill, the host's
    work and the HTTP layer are the same with and without speculation and are left out, so a
    served ratio is lower than this one by their share.
 
@@ -31,6 +34,7 @@ model. Served with the default pair, ``auto`` chose no draft-model tokens on the
     python clients/speculation_ceiling.py --save /tmp/outputs.json       # generate, then replay
     python clients/speculation_ceiling.py --load /tmp/outputs.json --costs ~/.cache/specdec/step-costs/X.json
     python clients/speculation_ceiling.py --load /tmp/outputs.json --row-cost 0.25   # rows at a quarter of the price
+    python clients/speculation_ceiling.py --load /tmp/outputs.json --concurrency 4 --methods auto --caps 8
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 from specdec_core import SamplingParams  # noqa: E402
 from specdec_core.engine.request import Request  # noqa: E402
 from specdec_core.engine.step_plan import ScheduledRequest  # noqa: E402
+from specdec_core.speculation import acceptance  # noqa: E402
 from specdec_core.speculation.acceptance import Source  # noqa: E402
 from specdec_core.speculation.cost_model import CostTable, StepCostModel  # noqa: E402
 from specdec_core.speculation.ngram import NgramProposer  # noqa: E402
@@ -104,26 +109,31 @@ def matched(drafts: list[int], truth: list[int]) -> int:
 
 
 class Chooser:
-    """The policy's choice of one pass: the source and the drafts to verify."""
+    """The policy's choice for the passes of one step: each request's source and drafts."""
 
     def __init__(self, method: str, costs: StepCostModel, lookups: dict[Source, LookupProposer], cap: int) -> None:
         self.costs, self.lookups, self.cap = costs, lookups, cap
         self.policy = SpeculationPolicy(method, costs, adaptive=True, max_model_len=MAX_MODEL_LEN, lookups=lookups,
                                         has_draft=False)
 
-    def choose(self, req: Request, truth: list[int]) -> tuple[Source | None, list[int]]:
-        item = ScheduledRequest(req, 1)
-        self.policy.plan([item])
-        if not item.num_drafts or item.source is None:
-            return None, []
-        return item.source, self.lookups[item.source].lookup_tree(req, item.num_drafts).tokens
+    def choose(self, running: list[tuple[Request, list[int]]]) -> list[tuple[ScheduledRequest, list[int]]]:
+        """``running``: each request with the rest of its real output. The items carry what the
+        policy looked up (``lookups``), which the request learns from as in the engine."""
+        items = [ScheduledRequest(req, 1) for req, _ in running]
+        self.policy.plan(items)
+        return [(it, self.lookups[it.source].lookup_tree(it.request, it.num_drafts).tokens
+                 if it.num_drafts and it.source is not None else []) for it in items]
 
 
 class Oracle(Chooser):
     """Knows how many of each lookup's drafts the target keeps; verifies exactly the prefix that
-    pays most per second (fewer where a row costs more than its token saves)."""
+    pays most per second (fewer where a row costs more than its token saves). One stream only:
+    with several, the best k of one request depends on everyone else's."""
 
-    def choose(self, req: Request, truth: list[int]) -> tuple[Source | None, list[int]]:
+    def choose(self, running: list[tuple[Request, list[int]]]) -> list[tuple[ScheduledRequest, list[int]]]:
+        if len(running) != 1:
+            raise ValueError("the oracle replays one stream at a time")
+        req, truth = running[0]
         context = req.num_computed
         best: tuple[float, Source | None, list[int]] = (1 / self._cost(1, context), None, [])
         for source, proposer in self.lookups.items():
@@ -132,44 +142,59 @@ class Oracle(Chooser):
                 rate = (k + 1) / self._cost(k + 1, context)
                 if rate > best[0]:
                     best = (rate, source, drafts[:k])
-        return best[1], best[2]
+        return [(ScheduledRequest(req, 1, len(best[2]), best[1]), best[2])]
 
     def _cost(self, rows: int, context: int) -> float:
         return self.costs.target(rows, frozen=True, context_tokens=rows * context)
 
 
 def replay(requests: list[tuple[list[int], list[int]]], method: str, costs: StepCostModel, cap: int,
-           oracle: bool) -> Replay:
-    """Every request in order, one verify pass at a time, as the engine commits them."""
+           oracle: bool, concurrency: int = 1) -> Replay:
+    """The requests in order, ``concurrency`` at a time (a new one starts as one finishes), one
+    verify pass each per step as the engine commits them. Speculation off's seconds are the same
+    replay with method ``none``."""
+    result = _run(requests, method, costs, cap, oracle, concurrency)
+    result.off_seconds = _run(requests, "none", costs, cap, False, concurrency).seconds
+    return result
+
+
+def _run(requests: list[tuple[list[int], list[int]]], method: str, costs: StepCostModel, cap: int,
+         oracle: bool, concurrency: int) -> Replay:
     ngram, suffix = NgramProposer(*NGRAM_N), SuffixProposer(SUFFIX_DEPTH, SUFFIX_CACHE_TOKENS)
     lookups: dict[Source, LookupProposer] = {s: p for s, p in (("ngram", ngram), ("suffix", suffix))
                                              if method in (s, "auto")}
     chooser = (Oracle if oracle else Chooser)(method, costs, lookups, cap)
     result = Replay()
-    for i, (prompt, out) in enumerate(requests):
-        req = Request(f"r{i}", list(prompt), SamplingParams(max_tokens=len(out), temperature=0.0), random.Random(0),
-                      None, cap, ngram=ngram.new_index(), suffix=suffix.new_index())  # type: ignore[arg-type]
-        req.num_computed = len(prompt) - 1  # prefilled: the last prompt token is the next step's
-        while len(req.output_ids) < len(out):
+    waiting = list(enumerate(requests))
+    running: list[tuple[Request, list[int]]] = []
+    while waiting or running:
+        while waiting and len(running) < concurrency:
+            i, (prompt, out) = waiting.pop(0)
+            req = Request(f"r{i}", list(prompt), SamplingParams(max_tokens=len(out), temperature=0.0),
+                          random.Random(0), None, cap, ngram=ngram.new_index(),  # type: ignore[arg-type]
+                          suffix=suffix.new_index())
+            req.num_computed = len(prompt) - 1  # prefilled: the last prompt token is the next step's
+            running.append((req, out))
+        passes = chooser.choose([(req, out[len(req.output_ids):]) for req, out in running])
+        rows = sum(1 + len(drafts) for _, drafts in passes)
+        result.seconds += costs.target(rows, frozen=True, context_tokens=sum(
+            (1 + len(drafts)) * it.request.num_computed for it, drafts in passes))
+        for (req, out), (it, drafts) in zip(running, passes):
             truth = out[len(req.output_ids):]
-            source, drafts = chooser.choose(req, truth)
             kept = matched(drafts, truth)
             new = truth[:kept + 1]
-            context = req.num_computed
-            rows = 1 + len(drafts)
-            result.seconds += costs.target(rows, frozen=True, context_tokens=rows * context)
-            result.off_seconds += sum(costs.target(1, frozen=True, context_tokens=context + j) for j in range(len(new)))
+            req.learn(it.source, kept, len(drafts), it.lookups, new)
             req.num_computed += len(new)
             req.all_ids += new
             req.output_ids += new
             req.stats.record_verify(len(new), len(drafts), kept)
-            if drafts and source is not None:
-                req.learn(source, kept, len(drafts))
             result.passes += 1
             result.drafted += len(drafts)
             result.accepted += kept
-        result.tokens += len(out)
-        suffix.retire(req)
+        for req, out in [r for r in running if len(r[0].output_ids) >= len(r[1])]:
+            result.tokens += len(out)
+            suffix.retire(req)
+        running = [r for r in running if len(r[0].output_ids) < len(r[1])]
     return result
 
 
@@ -186,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--row-cost", type=float, default=1.0, help="scale what a row past the first costs")
     p.add_argument("--caps", default="4,8,12", help="most drafts a pass verifies (the server's k)")
     p.add_argument("--methods", default="ngram,suffix,auto")
+    p.add_argument("--concurrency", type=int, default=1, help="requests replayed together (the oracle: 1 only)")
+    p.add_argument("--confidence-z", type=float, default=acceptance.CONFIDENCE_Z,
+                   help="the policy's lower bound on lookup acceptance, in standard errors (0: the mean)")
     args = p.parse_args(argv)
     if args.load:
         data = json.loads(args.load.read_text())
@@ -195,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         data = generate(args.model, args.max_tokens, args.kinds.split(","), args.agentic_max_tokens, args.quantize)
     if args.save:
         args.save.write_text(json.dumps(data))
+    acceptance.CONFIDENCE_Z = args.confidence_z
     costs = cost_table(args.costs, args.row_cost)
     print(f"target rows 1, 5, 9: {', '.join(f'{costs.target(n, frozen=True) * 1000:.1f}' for n in (1, 5, 9))} ms")
     print("| kind | k | method | policy | oracle | policy tokens/pass | oracle tokens/pass | policy acceptance |")
@@ -202,10 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     for kind, requests in data.items():
         for cap in (int(c) for c in args.caps.split(",")):
             for method in args.methods.split(","):
-                pol, orc = (replay(requests, method, costs, cap, oracle) for oracle in (False, True))
-                print(f"| {kind} | {cap} | {method} | {pol.speedup:.2f}x | {orc.speedup:.2f}x | "
-                      f"{pol.tokens / pol.passes:.2f} | {orc.tokens / orc.passes:.2f} | "
-                      f"{pol.accepted / max(pol.drafted, 1):.2f} |", flush=True)
+                pol = replay(requests, method, costs, cap, False, args.concurrency)
+                orc = replay(requests, method, costs, cap, True) if args.concurrency == 1 else None
+                o_speedup, o_tokens = (f"{orc.speedup:.2f}x", f"{orc.tokens / orc.passes:.2f}") if orc else ("-", "-")
+                print(f"| {kind} | {cap} | {method} | {pol.speedup:.2f}x | {o_speedup} | {pol.tokens / pol.passes:.2f} | "
+                      f"{o_tokens} | {pol.accepted / max(pol.drafted, 1):.2f} ({pol.drafted} drafted) |", flush=True)
     return 0
 
 

@@ -129,10 +129,16 @@ def generate(model: str | None, max_tokens: int, kinds: list[str], agentic_max_t
                 answer = run(ids, agentic_max_tokens or max_tokens)
                 out["agentic"].append((ids, answer))
                 messages.append({"role": "assistant", "content": tok.decode(answer, skip_special_tokens=True)})
+    def run_all(prompt_ids: list[list[int]]) -> list[tuple[list[int], list[int]]]:
+        """Independent prompts in one batch: the CPU forward is batch-invariant, so each output is
+        the one it would be alone, at a few times the throughput."""
+        done = engine.generate(list(prompt_ids), SamplingParams(max_tokens=max_tokens, temperature=0.0))
+        return [(ids, c.token_ids) for ids, c in zip(prompt_ids, done)]
+
     if "chat" in kinds:
-        out["chat"] = [(ids, run(ids)) for ids in (chat(m) for m in prompts["chat"])]
+        out["chat"] = run_all([chat(m) for m in prompts["chat"]])
     if "code_edit" in kinds:
-        out["code_edit"] = [(ids, run(ids)) for ids in (tok.encode(p) for p in prompts["code_edit"])]
+        out["code_edit"] = run_all([tok.encode(p) for p in prompts["code_edit"]])
     return out
 
 

@@ -39,7 +39,7 @@ from specdec_core.engine.scheduler import Scheduler
 from specdec_core.engine.speculative_step import SpeculativeStep, StepOutcome
 from specdec_core.engine.startup_costs import step_costs
 from specdec_core.engine.stats import EngineMetrics
-from specdec_core.engine.step_plan import ScheduledStep
+from specdec_core.engine.step_plan import ScheduledRequest, ScheduledStep
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.kv_cache import BlockPool
 from specdec_core.execution.model_runner import ModelRunner
@@ -302,8 +302,7 @@ class Engine:
             if it.request.params.logprobs_mode == "processed_logprobs" and outcome.processed is not None:
                 scores = outcome.processed
             try:
-                out = self._commit(it.request, drafts, it.source, accepted, final,
-                                   scores[row:row + len(drafts) + 1])
+                out = self._commit(it, drafts, accepted, final, scores[row:row + len(drafts) + 1])
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
                 log.error("request %s failed", it.request.request_id, exc_info=exc)
                 out = self._fail(it.request, exc)
@@ -311,9 +310,10 @@ class Engine:
                 outputs.append(out)
         return outputs
 
-    def _commit(self, req: Request, drafts: list[int], source: str | None, accepted: int, final: int,
+    def _commit(self, it: ScheduledRequest, drafts: list[int], accepted: int, final: int,
                 logits: torch.Tensor) -> RequestOutput | None:
-        new = drafts[:accepted] + [final]
+        req, source, new = it.request, it.source, drafts[:accepted] + [final]
+        req.learn(source, accepted, len(drafts), it.lookups, new)
         req.num_computed += accepted
         complete = False
         if req.grammar is not None:
@@ -345,7 +345,6 @@ class Engine:
         self.metrics.total_generation_tokens += len(kept)
         if drafts and source is not None:
             self.metrics.record_verify(source, len(drafts), counted)
-            req.learn(source, accepted, len(drafts))  # type: ignore[arg-type]
         logprobs = token_logprobs(logits[: len(kept)], kept, req.params.logprobs or 0) if req.params.logprobs is not None else None
         out = RequestOutput(req.request_id, kept, delta, logprobs=logprobs, sources=sources, provenance=pieces)
         if reason is not None:

@@ -20,6 +20,9 @@ class ScheduledRequest:
     num_new: int
     num_drafts: int = 0
     source: Source | None = None
+    # Every lookup the policy made for this request this step, chosen or not (their first
+    # chains): the commit scores each against the tokens it commits (``Request.learn``).
+    lookups: dict[Source, list[int]] = field(default_factory=dict)
 
     @property
     def completes(self) -> bool:

@@ -4,60 +4,68 @@ request (which owns its estimates) and the policy (which reads them) need not im
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 Source = Literal["draft", "ngram", "suffix"]
 LOOKUP_SOURCES: tuple[Source, ...] = ("ngram", "suffix")  # proposers that run no model: one-hot q
-ACCEPTANCE_DECAY = 0.8  # weight of a request's older verify passes in its acceptance estimate
+ACCEPTANCE_DECAY = 0.8  # weight of a request's older evidence in its acceptance estimate
 MAX_ALPHA = 0.98
 # Acceptance assumed before a request has any history: optimistic enough that a lone request
 # tries the draft model at once (break-even on the 2-core CPU is about 0.7) and learns its own
 # alpha in a few steps, rather than waiting for a probe.
 PRIOR = {"draft": 0.75, "ngram": 0.5, "suffix": 0.5}
-# Per verify pass in which a lookup source was not tried, its estimate moves this much of the way
-# back to its prior. Without it, 'auto' dropped a lookup for good after a few misses (four empty
-# passes take 0.5 to 0.11, below a good draft model's value) even where its matches later paid
-# 1.5x the draft's (issue 23); a lookup's retry costs only verification rows. The draft model's does not relax:
-# its retries cost draft forwards, and probes (``policy.PROBE_INTERVAL``) already bound them.
-LOOKUP_RELAX = 0.1
+# How many standard errors below its mean the policy takes a lookup's estimate (a Wilson lower
+# bound; ``Request.alpha`` says why lookups only).
+# The policy drafts where an estimate clears the break-even, and a mean from a handful of
+# passes clears it most often where it is too high: chat at 4 streams, where a verified row
+# costs ~9% of the step (break-even ~0.37), drafted lookups that then kept 0.26 (2026-11-27).
+# Where rows are nearly free (one stream on the CPU) the bound moves no decision.
+CONFIDENCE_Z = 1.0
 
 
 class AcceptanceEstimate:
-    """A request's per-token acceptance for one proposer, from its own verify passes.
+    """A request's per-token acceptance for one proposer.
 
     Drafts are verified left to right and stop at the first rejection, so a pass that accepted
     ``a`` of ``k`` drafts saw ``a`` successes in ``a + (a < k)`` trials; successes / trials is
-    the maximum-likelihood alpha. Older passes decay, so the estimate follows a request whose
+    the maximum-likelihood alpha. Older evidence decays, so the estimate follows a request whose
     text changes character (prose, then a code block).
     """
 
-    def __init__(self, prior: float, weight: float = 2.0, relax: float = 0.0) -> None:
-        self.prior, self.relax = prior, relax
+    def __init__(self, prior: float, weight: float = 2.0) -> None:
         self.successes = prior * weight
         self.trials = weight
-        self.updated_at = 0  # the request's verify passes when this estimate last learned
 
     @property
     def alpha(self) -> float:
-        """The estimate from the passes this source verified (no relaxation)."""
+        """The mean: successes over trials."""
         return min(self.successes / self.trials, MAX_ALPHA)
 
-    def alpha_at(self, passes: int) -> float:
-        """The estimate after ``passes`` verify passes of the request: ``alpha`` moved back toward
-        the prior by ``relax`` per pass since the last update (a function of the request's own
-        history only, so a seeded request's choices stay independent of the batch)."""
-        kept = (1.0 - self.relax) ** max(passes - self.updated_at, 0)
-        return min(kept * self.alpha + (1.0 - kept) * self.prior, MAX_ALPHA)
+    @property
+    def confident(self) -> float:
+        """The Wilson lower bound at ``CONFIDENCE_Z`` over the (decayed) trials: what the policy
+        acts on. Few trials pull it well below the mean, many leave it near."""
+        p, n, z2 = self.alpha, self.trials, CONFIDENCE_Z ** 2
+        centre = p + z2 / (2 * n)
+        spread = CONFIDENCE_Z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+        return max((centre - spread) / (1 + z2 / n), 0.0)
 
-    def update(self, accepted: int, proposed: int, passes: int = 0) -> None:
-        """One verify pass of ``proposed`` drafts that kept ``accepted``, at the request's
-        ``passes``-th verify pass. A relaxed estimate first takes its relaxed value, so a retry
-        after a long pause starts from what the policy believed when it chose the source."""
-        if self.relax:
-            self.successes = self.alpha_at(passes) * self.trials
+    def update(self, accepted: int, proposed: int) -> None:
+        """One verify pass of ``proposed`` drafts that kept ``accepted``."""
         self.successes = ACCEPTANCE_DECAY * self.successes + accepted
         self.trials = ACCEPTANCE_DECAY * self.trials + accepted + (1 if accepted < proposed else 0)
-        self.updated_at = passes
+
+    def score(self, proposal: list[int], committed: list[int]) -> None:
+        """A lookup's proposal against the tokens the step then committed: as many of its first
+        tokens as were committed, up to the first that differs. For a greedy request exactly what
+        verifying it would have kept; for a sampled one the same in expectation (a one-hot draft
+        is kept with the probability the target gives it). A proposal longer than the committed
+        tokens counts those only: no failure was seen past them."""
+        kept = 0
+        while kept < len(proposal) and kept < len(committed) and proposal[kept] == committed[kept]:
+            kept += 1
+        self.update(kept, kept + 1 if kept < min(len(proposal), len(committed)) else kept)
 
 
 def expected_tokens(alpha: float, k: int) -> float:

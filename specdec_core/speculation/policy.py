@@ -120,8 +120,10 @@ class SpeculationPolicy:
             if self.method not in (source, "auto"):
                 continue
             # A completing item has every known token, so the lookup sees the full text.
-            found = len(proposer.lookup_tree(req, cap))
+            tree = proposer.lookup_tree(req, cap)
+            found = len(tree)
             if found:
+                item.lookups[source] = tree.tokens[:tree.chain_length]
                 options.append(_Choice(item, source, req.alpha(source), found))
         if self.method in ("draft", "auto") and self.has_draft:
             options.append(_Choice(item, "draft", req.alpha("draft"), cap))
