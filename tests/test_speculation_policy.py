@@ -213,6 +213,20 @@ def test_a_lookup_estimate_from_few_passes_is_not_trusted_where_rows_are_dear():
     assert drafts(100.0)[1:] == drafts(3.0)[1:] == [0, 0, 0]
 
 
+def test_only_the_draft_model_is_probed():
+    """A probe buys evidence with a verified row; a lookup gets its evidence free at every pass,
+    so where neither pays, at a probe's pass only the draft model drafts its one token."""
+    drafted = {}
+    for method, lookups in (("draft", {}), ("ngram", {"ngram": RepeatLookup(9)})):
+        req = request(0.02, source=method)
+        req.draft_computed = req.num_computed  # the draft cache is current: a probe may run
+        req.stats.verify_steps = PROBE_INTERVAL - 1
+        items = [ScheduledRequest(req, 1)]
+        SpeculationPolicy(method, CPU_COSTS, True, 512, lookups).plan(items)  # type: ignore[arg-type]
+        drafted[method] = items[0].num_drafts
+    assert drafted == {"draft": 1, "ngram": 0}
+
+
 def test_scoring_a_lookup_counts_what_verifying_it_would_keep():
     from specdec_core.speculation.acceptance import AcceptanceEstimate
 
@@ -326,12 +340,11 @@ def test_a_probe_never_catches_a_lagging_draft_cache_up():
     """A request the draft model does not pay for probes one draft every PROBE_INTERVAL passes,
     but only while the draft's cache is current: catching it up first costs an eager forward over
     every token since the draft last ran (100-140 ms on an H100, 20-30 decode steps)."""
-    current, lagging, lookup = request(0.1), request(0.1), request(0.0, source="ngram")
+    current, lagging = request(0.1), request(0.1)
     current.draft_computed = current.num_computed  # the draft has every token but the one to feed
-    for req in (lagging, lookup):
-        req.all_ids = list(range(60))
-        req.num_computed = 59  # 59 tokens cached in the target, none in the draft
-    for req in (current, lagging, lookup):
+    lagging.all_ids = list(range(60))
+    lagging.num_computed = 59  # 59 tokens cached in the target, none in the draft
+    for req in (current, lagging):
         req.stats.verify_steps = PROBE_INTERVAL - 1
     assert plan([current]) == [1] and plan([lagging]) == [0]
     # The same for a seeded sampled request, whose k comes from its own history alone.
@@ -341,7 +354,3 @@ def test_a_probe_never_catches_a_lagging_draft_cache_up():
     for req in (seeded_current, seeded_lagging):
         req.stats.verify_steps = PROBE_INTERVAL - 1
     assert plan([seeded_current]) == [1] and plan([seeded_lagging]) == [0]
-    # A lookup has no cache to catch up: it is probed whatever the draft's lag (here where
-    # verifying costs so much that no lookup pays).
-    costly = StepCostModel(CostTable([1, 5], [10.0, 50.0]), CostTable([1, 16], [20.0, 48.0]))
-    assert plan([lookup], costly, method="ngram") == [1]

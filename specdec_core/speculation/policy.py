@@ -37,7 +37,7 @@ class LookupProposer(Protocol):
         chain or a token tree (``draft_tree``); k counts verified rows either way."""
         ...
 
-PROBE_INTERVAL = 32  # a request that never pays speculates one token every this many steps
+PROBE_INTERVAL = 32  # a draft model that never pays drafts one token every this many steps
 
 @dataclass
 class _Choice:
@@ -151,14 +151,16 @@ class SpeculationPolicy:
                                             + draft)
 
     def _probe_due(self, c: _Choice) -> bool:
-        """A request speculation does not pay for keeps learning: one draft every
+        """A draft model that does not pay for a request keeps learning: one draft every
         ``PROBE_INTERVAL`` of its verify passes, only while even alone it would choose none.
-        The draft model is probed only where its cache is current (``lag`` 0; a lookup's is
-        always 0): a probe that first catches the cache up is one eager forward over every token
+        Lookups need no probe: every pass scores them, chosen or not (``Request.learn``).
+        The draft model is probed only where its cache is current (``lag`` 0): a probe that
+        first catches the cache up is one eager forward over every token
         since the draft last ran, measured on an H100 at 100-140 ms, 20-30 decode steps
         (``clients/cuda_check.py``), which no single probed token repays. The lag is the
         request's own history, so a seeded request's k stays independent of the batch."""
-        return (c.lag == 0 and c.item.request.stats.verify_steps % PROBE_INTERVAL == PROBE_INTERVAL - 1
+        return (c.source == "draft" and c.lag == 0
+                and c.item.request.stats.verify_steps % PROBE_INTERVAL == PROBE_INTERVAL - 1
                 and self._solo_best(c.source, c.alpha, c.cap, c.context) == 0)
 
     # ------------------------------------------------------------------ the batch
