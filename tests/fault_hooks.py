@@ -53,10 +53,10 @@ def fail_requests_mentioning(marker: str, setattr_: Callable[[Any, str, Any], No
     Engine = engine_module.Engine
     real_commit = Engine._commit
 
-    def commit(self: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
-        if req.request_id in faulty:
-            faulty.discard(req.request_id)
+    def commit(self: Any, item: Any, *args: Any, **kwargs: Any) -> Any:
+        if item.request.request_id in faulty:
+            faulty.discard(item.request.request_id)
             raise RuntimeError(f"fault injected for testing (prompt mentions {marker!r})")
-        return real_commit(self, req, *args, **kwargs)
+        return real_commit(self, item, *args, **kwargs)
 
     setattr_(Engine, "_commit", commit)
