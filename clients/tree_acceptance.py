@@ -129,6 +129,7 @@ def generate(model: str | None, max_tokens: int, kinds: list[str], agentic_max_t
                 answer = run(ids, agentic_max_tokens or max_tokens)
                 out["agentic"].append((ids, answer))
                 messages.append({"role": "assistant", "content": tok.decode(answer, skip_special_tokens=True)})
+
     def run_all(prompt_ids: list[list[int]]) -> list[tuple[list[int], list[int]]]:
         """Independent prompts in one batch: the CPU forward is batch-invariant, so each output is
         the one it would be alone, at a few times the throughput."""
