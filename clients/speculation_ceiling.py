@@ -54,7 +54,7 @@ from specdec_core import SamplingParams  # noqa: E402
 from specdec_core.engine.request import Request  # noqa: E402
 from specdec_core.engine.step_plan import ScheduledRequest  # noqa: E402
 from specdec_core.speculation import acceptance  # noqa: E402
-from specdec_core.speculation.acceptance import Source  # noqa: E402
+from specdec_core.speculation.acceptance import Source, kept_prefix  # noqa: E402
 from specdec_core.speculation.cost_model import CostTable, StepCostModel  # noqa: E402
 from specdec_core.speculation.ngram import NgramProposer  # noqa: E402
 from specdec_core.speculation.policy import LookupProposer, SpeculationPolicy  # noqa: E402
@@ -100,14 +100,6 @@ def cost_table(path: Path | None, row_cost: float) -> StepCostModel:
     return StepCostModel(CostTable(list(sizes), seconds, per_context, context), None)
 
 
-def matched(drafts: list[int], truth: list[int]) -> int:
-    """How many of ``drafts`` a greedy verification keeps: their longest prefix equal to ``truth``."""
-    n = 0
-    while n < len(drafts) and n < len(truth) and drafts[n] == truth[n]:
-        n += 1
-    return n
-
-
 class Chooser:
     """The policy's choice for the passes of one step: each request's source and drafts."""
 
@@ -138,7 +130,7 @@ class Oracle(Chooser):
         best: tuple[float, Source | None, list[int]] = (1 / self._cost(1, context), None, [])
         for source, proposer in self.lookups.items():
             drafts = proposer.lookup_tree(req, min(self.cap, len(truth) - 1)).tokens
-            for k in range(1, matched(drafts, truth) + 1):
+            for k in range(1, kept_prefix(drafts, truth) + 1):
                 rate = (k + 1) / self._cost(k + 1, context)
                 if rate > best[0]:
                     best = (rate, source, drafts[:k])
@@ -181,7 +173,7 @@ def _run(requests: list[tuple[list[int], list[int]]], method: str, costs: StepCo
             (1 + len(drafts)) * it.request.num_computed for it, drafts in passes))
         for (req, out), (it, drafts) in zip(running, passes):
             truth = out[len(req.output_ids):]
-            kept = matched(drafts, truth)
+            kept = kept_prefix(drafts, truth)
             new = truth[:kept + 1]
             req.learn(it.source, kept, len(drafts), it.lookups, new)
             req.num_computed += len(new)

@@ -62,10 +62,17 @@ class AcceptanceEstimate:
         verifying it would have kept; for a sampled one the same in expectation (a one-hot draft
         is kept with the probability the target gives it). A proposal longer than the committed
         tokens counts those only: no failure was seen past them."""
-        kept = 0
-        while kept < len(proposal) and kept < len(committed) and proposal[kept] == committed[kept]:
-            kept += 1
+        kept = kept_prefix(proposal, committed)
         self.update(kept, kept + 1 if kept < min(len(proposal), len(committed)) else kept)
+
+
+def kept_prefix(drafts: list[int], truth: list[int]) -> int:
+    """How many of ``drafts`` a greedy verification against ``truth`` keeps: their longest prefix
+    equal to it."""
+    n = 0
+    while n < len(drafts) and n < len(truth) and drafts[n] == truth[n]:
+        n += 1
+    return n
 
 
 def expected_tokens(alpha: float, k: int) -> float:
