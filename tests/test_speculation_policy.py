@@ -118,6 +118,42 @@ def test_the_choice_maximises_the_modelled_rate():
     assert rate(*ks) == pytest.approx(best, rel=1e-9)
 
 
+def test_skipping_the_search_where_no_draft_can_pay_changes_no_choice(monkeypatch):
+    """The policy skips its search where an upper bound says no draft can pay. Over random
+    batches (sources, acceptances, contexts below and above calibration's, a CPU's and a GPU's
+    costs) it must choose exactly what the full search chooses, and it must really skip."""
+    rng = random.Random(23)
+    costs = [StepCostModel(CostTable([1, 2, 5, 16, 80], [54.0, 55.0, 57.7, 101.6, 445.0],
+                                     per_context=11.0 / 1024, context=128),
+                           CostTable([1, 4, 16], [20.0, 26.0, 48.0], per_context=2.0 / 1024, context=128)),
+             StepCostModel(CostTable([1, 80], [10.0, 12.0]), CostTable([1, 16], [1.0, 1.2]))]
+    skipped, drafted = 0, 0
+    calls = {"bound": 0}
+    bound = SpeculationPolicy._could_pay
+
+    def counted(self, *args):  # type: ignore[no-untyped-def]
+        calls["bound"] += 1
+        return bound(self, *args)
+
+    for case in range(300):
+        top = rng.choice([0.3, 0.6, 1.0])  # the batch's best acceptance
+        specs = [(top * rng.random(), rng.choice(["draft", "ngram"]), rng.choice([2, 40, 128, 900, 3000]))
+                 for _ in range(rng.choice([1, 2, 4, 8, 16]))]
+        cost = costs[case % 2]
+        reqs = [request(a, source=s, context=c) for a, s, c in specs]
+        for r in reqs:  # the other proposer's estimate, from as much evidence
+            other = r.acceptance["ngram" if r.acceptance["draft"].trials == 100.0 else "draft"]
+            other.successes, other.trials = top * rng.random() * 100, 100.0
+        monkeypatch.setattr(SpeculationPolicy, "_could_pay", counted)
+        before = calls["bound"]
+        pruned = plan(reqs, cost, "auto")
+        monkeypatch.setattr(SpeculationPolicy, "_could_pay", lambda self, *args: True)
+        assert pruned == plan(reqs, cost, "auto"), (case, specs)
+        skipped += calls["bound"] > before and not any(pruned)
+        drafted += any(pruned)
+    assert skipped > 20 and drafted > 20, (skipped, drafted)
+
+
 def test_long_contexts_make_rows_dearer_and_the_choice_follows():
     """Each row attends to its own cached tokens: at 3,000 of them a row of the 1.5B costs ~3x
     what calibration's 128 gave, so the same acceptance pays for fewer drafts; the choice is the
