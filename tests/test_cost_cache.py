@@ -105,9 +105,10 @@ def test_the_first_calibration_keeps_to_its_budget(pair, caplog) -> None:
         costs = calibrate(target, draft, 4, 3, 160, budget_s=0.0, repeats=1)
     # A spent budget still times the required shapes (target 1 and 2 tokens, a 1-request draft);
     # every other grid size is extrapolated from them, never below a smaller size's cost.
-    assert costs.target_table.sizes == [1, 2, 3, 4, 6, 8, 12]
-    assert costs.draft_table is not None and costs.draft_table.sizes == [1, 2, 3, 4]
-    t, d = costs.target_table.seconds, costs.draft_table.seconds
+    # Past them each table has its prefill point (128 tokens of one request, timed while filling).
+    assert costs.target_table.sizes == [1, 2, 3, 4, 6, 8, 12, 128]
+    assert costs.draft_table is not None and costs.draft_table.sizes == [1, 2, 3, 4, 128]
+    t, d = costs.target_table.seconds[:-1], costs.draft_table.seconds[:-1]
     # The two timed sizes are whatever the machine gave. Timed in order, 3 tokens extend their
     # line; a loaded machine may time 1 token slower than 2, and then the two are pooled
     # (``non_decreasing``). Either way no size costs less than a smaller one.
@@ -116,7 +117,10 @@ def test_the_first_calibration_keeps_to_its_budget(pair, caplog) -> None:
     else:
         assert t[0] == pytest.approx(t[1]) and t[2] >= t[1]
     assert all(t[i] >= t[i - 1] for i in range(1, len(t)))
-    assert d == pytest.approx([d[0] * n for n in (1, 2, 3, 4)])
+    if costs.draft_table.seconds[-1] >= 4 * d[0]:
+        assert d == pytest.approx([d[0] * n for n in (1, 2, 3, 4)])
+    else:  # a tiny model's prefill can cost less than 4 x one row: the two are pooled
+        assert all(d[i] >= d[i - 1] for i in range(1, 4)) and d[3] == pytest.approx(costs.draft_table.seconds[-1])
     assert "3 of 11 shapes timed, the others extrapolated" in caplog.text and "cap 0 s" in caplog.text
 
 
@@ -144,6 +148,29 @@ def test_the_calibration_times_what_a_rows_cached_tokens_cost(pair, monkeypatch)
     # where the model is too short for a second context, the term is 0
     short = calibrate(slot_runner(pair[0].model, 2, 160, vocab_size=49152), None, 2, 3, 160, repeats=1)
     assert short.target_table.per_context == 0.0
+
+
+def test_a_draft_catch_up_is_priced_as_the_prefill_it_is(pair, monkeypatch) -> None:
+    """A lagging draft cache is caught up in one forward of every token since the draft last ran:
+    hundreds of rows. Decode shapes here cost the same for 1 to 4 requests (as a calibration of
+    the default pair at 4 streams gave: 3 and 4 requests at 27.0 ms), so extending their last
+    segment priced 150 rows at one row's cost. The calibration's fills time a 128-token prefill,
+    and the tables end with it."""
+    from specdec_core.speculation import cost_model
+
+    def fake_seconds(runner, items):  # decode: 20 ms whatever the rows; a prefill: 2 ms a token
+        return 0.02 if all(len(it.tokens) == 1 for it in items) else sum(0.002 * len(it.tokens) for it in items)
+
+    target = slot_runner(pair[0].model, 4, 160, vocab_size=49152)
+    draft = slot_runner(pair[1].model, 4, 160, vocab_size=49152)
+    monkeypatch.setattr(cost_model, "_seconds", fake_seconds)
+    costs = calibrate(target, draft, 4, 1, 160, repeats=1)
+    assert costs.draft(4) == pytest.approx(0.02)
+    assert costs.draft(128) == pytest.approx(0.256)
+    assert costs.draft(1 + 150) > 0.9 * 150 * 0.002  # the decode shapes alone: 0.02
+    # the tables are filled once per distinct table: at most CALIBRATION_TABLES of them
+    big = slot_runner(pair[0].model, 16, 160, vocab_size=49152)
+    assert len({tuple(t) for t in cost_model._tables(big, 16, 160)}) == cost_model.CALIBRATION_TABLES < 16
 
 
 def test_a_rows_cached_tokens_are_rescaled_with_the_level_and_kept_in_the_cache(tmp_path: Path) -> None:

@@ -37,8 +37,9 @@ from specdec_core.speculation.cost_model import CostTable, StepCostModel
 log = logging.getLogger("specdec.cost_model")
 
 # 2: the live tables keep the measured shape (format 1's were corrected bucket by bucket);
-# 3: and the cost of a row's cached tokens (``CostTable.per_context``)
-FORMAT = 3
+# 3: and the cost of a row's cached tokens (``CostTable.per_context``);
+# 4: and a prefill point at the end of each table (``cost_model``: what a draft catch-up costs)
+FORMAT = 4
 SAVE_INTERVAL_S = 60.0
 
 

@@ -9,6 +9,13 @@ produce and interpolates between them:
 - ``target(n)``: one decode step whose requests feed ``n`` tokens in all (known + drafts);
 - ``draft(n)``: one draft forward of ``n`` requests (a draft position of a step).
 
+Each table ends with one more point past the step shapes: a prefill of ``CALIBRATION_CONTEXT``
+tokens of one request (timed while giving the shapes their cached tokens). A draft cache that
+lagged is caught up in one forward over every token since the draft model last ran, hundreds of
+rows; extending the decode shapes' last segment priced that at nothing (a calibration here had
+3 and 4 requests at 27.0 ms each, so 150 rows "cost" 27 ms where the 0.5B needs ~300 ms), and at
+4 streams ``auto`` then caught requests up for a draft token or two at the end of their turns.
+
 Start-up costs are measured at a fixed cached context, so they say nothing about what else is
 running; ``observe_*`` then rescales a live copy of each table, every size by the same factor, toward
 what real steps cost (an exponential moving average of observed / predicted: longer contexts, a
@@ -40,6 +47,10 @@ from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 log = logging.getLogger("specdec.cost_model")
 
 CALIBRATION_CONTEXT = 128  # cached tokens per request while timing (a short chat turn)
+# Distinct block tables the calibration fills with that context; more requests share them (the
+# same work per row). Filling one per request took 29 of a 30 s budget at 16 streams, so most
+# shapes were timed once instead of CALIBRATION_REPEATS times (3 tokens: 105 ms, 2 tokens: 58).
+CALIBRATION_TABLES = 4
 # Rounds over the shapes; each shape keeps its fastest run. With 3, five calibrations of the default
 # pair on one quiet 2-core machine put 6 tokens at 1.52-2.30x one token and 16 at 4.25-5.39x; with
 # 9, four put them at 1.48-1.71x and 3.87-4.46x, for ~12 s more on the first start only (the table
@@ -212,6 +223,9 @@ def calibrate(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max
                 bench.fill(runner, tables[:len(items)])
                 runner.forward(items)  # warm-up: first calls of a shape allocate
             timed[role][n] = min(timed[role].get(n, float("inf")), _seconds(runner, items))
+    for runner in (target, draft):  # the prefill point, once more now that every shape ran warm
+        if runner is not None and id(runner) in bench.prefill:
+            bench.time_prefill(runner, tables[0])
 
     def table(role: str, runner: ModelRunner, rows: int) -> CostTable:
         """Every grid size: timed, else extrapolated, never below a smaller size's cost (noise in
@@ -225,7 +239,13 @@ def calibrate(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max
                 value = max(_extrapolate(timed[role], n), floor)
             floor = max(floor, value)
             seconds.append(value)
-        return CostTable(sizes, seconds, _per_context(runner, rows, bench.context, max_len, repeats), bench.context)
+        per_context = _per_context(runner, rows, bench.context, max_len, repeats)
+        prefill = bench.prefill.get(id(runner))
+        if prefill is not None and bench.context > sizes[-1]:
+            # its rows had 0 .. context-1 cached tokens; a table's rows have ``context`` each
+            sizes.append(bench.context)
+            seconds.append(prefill + per_context * bench.context * (bench.context + 1) / 2)
+        return CostTable(sizes, seconds, per_context, bench.context)
 
     model = StepCostModel(table("target", target, max_tokens_per_seq),
                           table("draft", draft, 1) if draft is not None else None)
@@ -294,21 +314,28 @@ _REQUIRED = {("target", 1), ("target", 2), ("draft", 1)}
 
 class _Bench:
     """Gives the block tables a shape uses ``CALIBRATION_CONTEXT`` cached tokens, each once and
-    only when a shape first needs it (a bounded calibration does not pay for tables it never uses)."""
+    only when a shape first needs it (a bounded calibration does not pay for tables it never uses),
+    and keeps each runner's fastest of those forwards: the tables' prefill point."""
 
     def __init__(self, max_len: int, max_tokens_per_seq: int) -> None:
         self.context = max(min(CALIBRATION_CONTEXT, max_len - max_tokens_per_seq - 1), 0)
-        self.filled: dict[int, int] = {}  # id(runner) -> tables filled
+        self.filled: dict[int, set[tuple[int, ...]]] = {}  # id(runner) -> tables filled
+        self.prefill: dict[int, float] = {}  # id(runner) -> seconds of its fastest fill
         self.fill_seconds = 0.0
 
     def fill(self, runner: ModelRunner, tables: list[list[int]]) -> None:
-        t0 = time.perf_counter()
-        done = self.filled.get(id(runner), 0)
-        if self.context:
-            for table in tables[done:]:
-                runner.forward([ForwardItem(table, 0, [1] * self.context, 1)])
-        self.filled[id(runner)] = max(done, len(tables))
-        self.fill_seconds += time.perf_counter() - t0
+        filled = self.filled.setdefault(id(runner), set())
+        if not self.context:
+            return
+        for table in tables:
+            if tuple(table) not in filled:
+                filled.add(tuple(table))
+                self.time_prefill(runner, table)
+
+    def time_prefill(self, runner: ModelRunner, table: list[int]) -> None:
+        seconds = _seconds(runner, [ForwardItem(table, 0, [1] * self.context, 1)])
+        self.fill_seconds += seconds
+        self.prefill[id(runner)] = min(self.prefill.get(id(runner), float("inf")), seconds)
 
 
 def _tables(runner: ModelRunner, max_seqs: int, tokens: int) -> list[list[int]]:
@@ -316,7 +343,7 @@ def _tables(runner: ModelRunner, max_seqs: int, tokens: int) -> list[list[int]]:
     request gets them on an idle pool (the draft's pool has the same blocks). Requests share
     tables where the pool is too small for all: the timing is the same."""
     per = blocks_for(tokens, runner.cache.block_size)
-    fit = max(runner.cache.num_blocks // per, 1)
+    fit = max(min(runner.cache.num_blocks // per, CALIBRATION_TABLES), 1)
     return [region(s % fit, tokens, runner.cache.block_size) for s in range(max_seqs)]
 
 
