@@ -223,9 +223,9 @@ def calibrate(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max
                 bench.fill(runner, tables[:len(items)])
                 runner.forward(items)  # warm-up: first calls of a shape allocate
             timed[role][n] = min(timed[role].get(n, float("inf")), _seconds(runner, items))
-    for runner in (target, draft):  # the prefill point, once more now that every shape ran warm
-        if runner is not None and id(runner) in bench.prefill:
-            bench.time_prefill(runner, tables[0])
+    for warm in (target, draft):  # the prefill point, once more now that every shape ran warm
+        if warm is not None and id(warm) in bench.prefill:
+            bench.time_prefill(warm, tables[0])
 
     def table(role: str, runner: ModelRunner, rows: int) -> CostTable:
         """Every grid size: timed, else extrapolated, never below a smaller size's cost (noise in
