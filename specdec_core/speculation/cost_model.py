@@ -13,8 +13,8 @@ Each table ends with one more point past the step shapes: a prefill of ``CALIBRA
 tokens of one request (timed while giving the shapes their cached tokens). A draft cache that
 lagged is caught up in one forward over every token since the draft model last ran, hundreds of
 rows; extending the decode shapes' last segment priced that at nothing (a calibration here had
-3 and 4 requests at 27.0 ms each, so 150 rows "cost" 27 ms where the 0.5B needs ~300 ms), and at
-4 streams ``auto`` then caught requests up for a draft token or two at the end of their turns.
+3 and 4 requests at 27.0 ms each, so 150 rows "cost" 27 ms; the 0.5B prefills ~5 ms a
+token), and at 4 streams ``auto`` then caught requests up for a draft token or two.
 
 Start-up costs are measured at a fixed cached context, so they say nothing about what else is
 running; ``observe_*`` then rescales a live copy of each table, every size by the same factor, toward

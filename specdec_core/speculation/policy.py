@@ -200,9 +200,9 @@ class SpeculationPolicy:
         """Whether any drafts for the free choices (all at k = 0 here) could beat ``rate``, by an
         upper bound: ``extra`` more rows commit at most ``extra * alpha_max`` more tokens and cost
         at least the target's forward at those rows, each new row at the smallest free context
-        (the table never falls with rows or context), and no draft forward. Where it says no, as
-        it does for most steps at 16 streams on the CPU, the search (~2 ms a step there, in
-        Python) is skipped: its answer would have been all zeros."""
+        (the table never falls with rows or context), and no draft forward. Where it says no, the
+        search (~2 ms a step at 16 streams on the CPU, in Python) is skipped: its answer would
+        have been all zeros."""
         alpha_max = max(c.alpha for c in free)
         least_context = min(c.context for c in free)
         tokens = sum(expected_tokens(c.alpha, c.k) for c in choices)
