@@ -223,8 +223,8 @@ def calibrate(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max
                 bench.fill(runner, tables[:len(items)])
                 runner.forward(items)  # warm-up: first calls of a shape allocate
             timed[role][n] = min(timed[role].get(n, float("inf")), _seconds(runner, items))
-    for warm in (target, draft):  # the prefill point, once more now that every shape ran warm
-        if warm is not None and id(warm) in bench.prefill:
+    for warm in (target, draft):  # a runner that filled one table only timed it cold: once more, warm
+        if warm is not None and bench.prefill_runs.get(id(warm)) == 1:
             bench.time_prefill(warm, tables[0])
 
     def table(role: str, runner: ModelRunner, rows: int) -> CostTable:
@@ -321,6 +321,7 @@ class _Bench:
         self.context = max(min(CALIBRATION_CONTEXT, max_len - max_tokens_per_seq - 1), 0)
         self.filled: dict[int, set[tuple[int, ...]]] = {}  # id(runner) -> tables filled
         self.prefill: dict[int, float] = {}  # id(runner) -> seconds of its fastest fill
+        self.prefill_runs: dict[int, int] = {}  # id(runner) -> fills timed
         self.fill_seconds = 0.0
 
     def fill(self, runner: ModelRunner, tables: list[list[int]]) -> None:
@@ -336,6 +337,7 @@ class _Bench:
         seconds = _seconds(runner, [ForwardItem(table, 0, [1] * self.context, 1)])
         self.fill_seconds += seconds
         self.prefill[id(runner)] = min(self.prefill.get(id(runner), float("inf")), seconds)
+        self.prefill_runs[id(runner)] = self.prefill_runs.get(id(runner), 0) + 1
 
 
 def _tables(runner: ModelRunner, max_seqs: int, tokens: int) -> list[list[int]]:
