@@ -73,10 +73,11 @@ def test_ngram_index_matches_the_definition_as_text_grows(min_n, max_n):
 
 def request(alpha: float, *, seed: int | None = None, temperature: float = 0.0, k: int = 4,
             source: str = "draft", context: int = 2) -> Request:
-    """A request whose prompt is prefilled but its last token: ``context`` tokens cached."""
+    """A decoding request: ``context`` tokens cached (its prompt), its first token to feed."""
     params = SamplingParams(max_tokens=100, temperature=temperature, seed=seed)
-    prompt = [1, 2] + [3] * (context - 1)
+    prompt = [1, 2] + [3] * (context - 2)
     req = Request("r", prompt, params, torch.Generator().manual_seed(0), None, k)  # type: ignore[arg-type]
+    req.output_ids, req.all_ids = [3], prompt + [3]
     req.num_computed = context
     est = req.acceptance[source]
     est.successes, est.trials = alpha * 100, 100.0
@@ -391,3 +392,22 @@ def test_a_probe_never_catches_a_lagging_draft_cache_up():
     for req in (seeded_current, seeded_lagging):
         req.stats.verify_steps = PROBE_INTERVAL - 1
     assert plan([seeded_current]) == [1] and plan([seeded_lagging]) == [0]
+
+
+def test_the_draft_model_waits_out_a_request_s_prefill_step():
+    """The first request of a burst is prefilled alone; the rest arrive during that step. Starting
+    the draft model there (one forward over the whole prompt) paid off only for a lone stream, so
+    it starts one step later, when the batch is seen as it is. Lookups still draft at once."""
+    prefilling = request(0.9)
+    prefilling.output_ids, prefilling.all_ids, prefilling.num_computed = [], prefilling.all_ids[:2], 0
+    item = ScheduledRequest(prefilling, 2)  # the whole prompt: the step completes it
+    assert item.completes and prefilling.in_prefill
+    SpeculationPolicy("draft", CPU_COSTS, adaptive=True, max_model_len=4096, lookups={}).plan([item])
+    assert (item.num_drafts, item.source) == (0, None)
+    SpeculationPolicy("auto", CPU_COSTS, adaptive=True, max_model_len=4096, lookups={"ngram": RepeatLookup(5)}).plan([item])  # type: ignore[dict-item]
+    assert item.num_drafts > 0 and item.source == "ngram"
+    # Fixed depth (not adaptive) drafts as configured, from the prefill step.
+    SpeculationPolicy("draft", CPU_COSTS, adaptive=False, max_model_len=4096, lookups={}).plan([item])
+    assert (item.num_drafts, item.source) == (4, "draft")
+    # One step later it decodes, and alone the draft model pays.
+    assert plan([request(0.9)]) == [4]

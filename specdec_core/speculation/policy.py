@@ -125,7 +125,14 @@ class SpeculationPolicy:
             if found:
                 item.lookups[source] = tree.tokens[:tree.chain_length]
                 options.append(_Choice(item, source, req.alpha(source), found))
-        if self.method in ("draft", "auto") and self.has_draft:
+        # The draft model never starts on a request in the step that prefills it (where adaptive).
+        # Requests come in bursts (a client's concurrent calls, an agent's parallel tool calls): the
+        # first of a burst is prefilled alone and the rest are added while that step runs. Priced as
+        # the lone stream it then seems, it took the draft model: one draft forward over its whole
+        # prompt (~0.3 s for 48 tokens of the 0.5B here) just before joining a batch in which the
+        # draft never pays, once in every burst. One step later the policy prices the batch as it
+        # is; a request that really runs alone only gives up its first step's drafts.
+        if self.method in ("draft", "auto") and self.has_draft and not (self.adaptive and req.in_prefill):
             options.append(_Choice(item, "draft", req.alpha("draft"), cap))
         if len(options) <= 1:
             return options[0] if options else None
