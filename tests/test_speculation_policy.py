@@ -394,20 +394,31 @@ def test_a_probe_never_catches_a_lagging_draft_cache_up():
     assert plan([seeded_current]) == [1] and plan([seeded_lagging]) == [0]
 
 
-def test_the_draft_model_waits_out_a_request_s_prefill_step():
-    """The first request of a burst is prefilled alone; the rest arrive during that step. Starting
-    the draft model there (one forward over the whole prompt) paid off only for a lone stream, so
-    it starts one step later, when the batch is seen as it is. Lookups still draft at once."""
+def test_the_draft_model_does_not_start_while_a_prompt_is_prefilled():
+    """The first request of a burst is prefilled alone and decodes its first token beside the
+    others' prompts. Starting the draft model on it there (one forward over its whole prompt)
+    paid only for the lone stream it seemed to be, so the draft model starts on a request only in
+    a step that prefills no prompt, when the batch is seen as it is. Lookups draft at once, and a
+    request whose draft cache is current keeps drafting beside a prompt."""
     prefilling = request(0.9)
     prefilling.output_ids, prefilling.all_ids, prefilling.num_computed = [], prefilling.all_ids[:2], 0
     item = ScheduledRequest(prefilling, 2)  # the whole prompt: the step completes it
     assert item.completes and prefilling.in_prefill
-    SpeculationPolicy("draft", CPU_COSTS, adaptive=True, max_model_len=4096, lookups={}).plan([item])
-    assert (item.num_drafts, item.source) == (0, None)
-    SpeculationPolicy("auto", CPU_COSTS, adaptive=True, max_model_len=4096, lookups={"ngram": RepeatLookup(5)}).plan([item])  # type: ignore[dict-item]
-    assert item.num_drafts > 0 and item.source == "ngram"
-    # Fixed depth (not adaptive) drafts as configured, from the prefill step.
-    SpeculationPolicy("draft", CPU_COSTS, adaptive=False, max_model_len=4096, lookups={}).plan([item])
-    assert (item.num_drafts, item.source) == (4, "draft")
-    # One step later it decodes, and alone the draft model pays.
-    assert plan([request(0.9)]) == [4]
+
+    def prompt() -> ScheduledRequest:
+        return ScheduledRequest(prefilling, 2)
+
+    def drafted(method: str, items: list[ScheduledRequest], adaptive: bool = True, lookups=None):  # type: ignore[no-untyped-def]
+        SpeculationPolicy(method, CPU_COSTS, adaptive=adaptive, max_model_len=4096, lookups=lookups or {}).plan(items)
+        return [(it.num_drafts, it.source) for it in items]
+
+    assert drafted("draft", [prompt()]) == [(0, None)]
+    [(k, source)] = drafted("auto", [prompt()], lookups={"ngram": RepeatLookup(5)})
+    assert k > 0 and source == "ngram"
+    assert drafted("draft", [prompt()], adaptive=False) == [(4, "draft")]  # fixed depth: as configured
+    # The first of a burst decodes beside the others' prompts: it waits for the next step.
+    first, current = request(0.9), request(0.9)
+    current.draft_computed = current.num_computed
+    assert drafted("draft", [ScheduledRequest(first, 1), prompt()]) == [(0, None), (0, None)]
+    assert drafted("draft", [ScheduledRequest(current, 1), prompt()])[0][1] == "draft"
+    assert plan([first]) == [4]  # no prompt in the step: alone, the draft model pays

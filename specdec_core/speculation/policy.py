@@ -86,7 +86,8 @@ class SpeculationPolicy:
         self.lookups = lookups
 
     def plan(self, items: list[ScheduledRequest]) -> None:
-        choices = [c for c in (self._choice(it) for it in items) if c is not None]
+        filling = self.adaptive and any(it.request.in_prefill for it in items)
+        choices = [c for c in (self._choice(it, filling) for it in items) if c is not None]
         if not choices:
             return
         free = []
@@ -107,7 +108,9 @@ class SpeculationPolicy:
 
     # ------------------------------------------------------------------ one request
 
-    def _choice(self, item: ScheduledRequest) -> _Choice | None:
+    def _choice(self, item: ScheduledRequest, filling: bool) -> _Choice | None:
+        """The source and cap of ``item``'s drafts, or None. ``filling``: a prompt is prefilled
+        this step (adaptive only), so the batch is still growing."""
         req = item.request
         if not item.completes or self.method == "none":
             return None
@@ -125,14 +128,16 @@ class SpeculationPolicy:
             if found:
                 item.lookups[source] = tree.tokens[:tree.chain_length]
                 options.append(_Choice(item, source, req.alpha(source), found))
-        # The draft model never starts on a request in the step that prefills it (where adaptive).
-        # Requests come in bursts (a client's concurrent calls, an agent's parallel tool calls): the
-        # first of a burst is prefilled alone and the rest are added while that step runs. Priced as
-        # the lone stream it then seems, it took the draft model: one draft forward over its whole
-        # prompt (~0.3 s for 48 tokens of the 0.5B here) just before joining a batch in which the
-        # draft never pays, once in every burst. One step later the policy prices the batch as it
-        # is; a request that really runs alone only gives up its first step's drafts.
-        if self.method in ("draft", "auto") and self.has_draft and not (self.adaptive and req.in_prefill):
+        # The draft model never starts on a request (its cache empty: one forward over all its
+        # tokens) in a step that prefills a prompt. Requests come in bursts (a client's concurrent
+        # calls, an agent's parallel tool calls): the first of a burst is prefilled alone and
+        # the rest in the next step, beside its first decode. Priced as the one decoding stream
+        # it then is, it took the draft model and caught up its whole prompt (~0.3 s for 48
+        # tokens of the 0.5B here) just before a batch of four in which the draft never pays,
+        # once in every burst. Once no prompt is filling, the policy prices the batch as it is;
+        # a request that really runs alone gives up one or two steps' drafts.
+        if (self.method in ("draft", "auto") and self.has_draft
+                and not (filling and req.draft_computed == 0)):
             options.append(_Choice(item, "draft", req.alpha("draft"), cap))
         if len(options) <= 1:
             return options[0] if options else None
