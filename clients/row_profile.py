@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Where the price of a verified row goes: one target forward of one request with R rows (1 known
+token + R - 1 drafts, logits for all), timed per component, for each R.
+
+The speculation goals hinge on what a verify step of 1 + k rows costs against one row
+(``StepCostModel``). This splits that step into its parts: the attention projections (``qkv``,
+``o``), the attention itself, the MLP (``gate_up``, ``down``), the head, and the rest (norms,
+rope, embedding, Python), each the median over ``--repeats`` forwards. A part whose time grows
+with R is compute-bound there; one that stays flat is bound by reading its weights.
+
+    python clients/row_profile.py                   # the embedded target, gguf, rows 1..9
+    python clients/row_profile.py --rows 1,6 --threads 1          # compute-bound parts double
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+PARTS = ("qkv", "o", "gate_up", "down")
+
+
+class Timed:
+    """A callable that adds its own wall time to ``totals[name]``."""
+
+    def __init__(self, name: str, fn: Callable[..., Any], totals: dict[str, float]) -> None:
+        self.name, self.fn, self.totals = name, fn, totals
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = self.fn(*args, **kwargs)
+        self.totals[self.name] += time.perf_counter() - start
+        return out
+
+
+def instrument(native: Any, totals: dict[str, float]) -> None:
+    """Wrap the decoder's linears, its attention functions and the head in ``Timed``."""
+    from specdec_core.execution import native_llama
+
+    for layer in native.layers:
+        for name in PARTS:
+            # a submodule is in _modules; the plain attribute set after popping it shadows nothing
+            layer.__dict__[name] = Timed(name, layer._modules.pop(name), totals)
+    native.__dict__["lm_head"] = Timed("head", native._modules.pop("lm_head"), totals)
+    for name in ("attend_segments", "attend_packed"):
+        setattr(native_llama, name, Timed("attention", getattr(native_llama, name), totals))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="target (default: the embedded target)")
+    p.add_argument("--quantize", default="gguf", choices=["gguf", "int8", "none"])
+    p.add_argument("--rows", default="1,2,3,4,5,6,7,8,9", help="comma list of rows per forward")
+    p.add_argument("--context", type=int, default=128, help="tokens cached before the rows")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (the block kernels use as many): a part that is twice as slow on one "
+                        "thread as on two is compute-bound")
+    args = p.parse_args(argv)
+    repo_root = str(Path(__file__).resolve().parent.parent)
+    if repo_root not in sys.path:
+        sys.path.insert(0, repo_root)
+    import torch
+
+    from specdec_core.engine.config import default_cache_dir
+    from specdec_core.execution.kv_cache import blocks_for, region
+    from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+    from specdec_core.loading.loader import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = [int(r) for r in args.rows.split(",")]
+    span = args.context + max(rows) + 8
+    loaded = load_model(args.model, role="target", device="cpu", dtype="float32", cache_dir=default_cache_dir())
+    vocab = loaded.model.get_output_embeddings().weight.shape[0]
+    runner = ModelRunner(loaded.model, num_blocks=blocks_for(span, 16), block_size=16, max_len=span,
+                         vocab_size=vocab, quantize=args.quantize)
+    if runner.native is None:
+        raise SystemExit(f"{loaded.name} does not run on the native path; nothing to split")
+    blocks = region(0, span, 16)
+    runner.forward([ForwardItem(blocks, 0, [17 + i % 500 for i in range(args.context)], 1)])
+    totals: dict[str, float] = defaultdict(float)
+    instrument(runner.native, totals)
+    names = ["qkv", "attention", "o", "gate_up", "down", "head"]
+    print(f"{loaded.name}, quantize={args.quantize}, {args.context} tokens cached, {torch.get_num_threads()} threads; "
+          f"ms, median of {args.repeats}")
+    print("| rows | step | " + " | ".join(names) + " | rest |\n" + "|---" * (len(names) + 3) + "|")
+    for r in rows:
+        items = [ForwardItem(blocks, args.context, list(range(5, 5 + r)), r, num_drafts=r - 1)]
+        runner.forward(items)
+        steps, parts = [], defaultdict(list)
+        for _ in range(args.repeats):
+            totals.clear()
+            start = time.perf_counter()
+            runner.forward(items)
+            steps.append(time.perf_counter() - start)
+            for name in names:
+                parts[name].append(totals[name])
+        step = statistics.median(steps) * 1e3
+        cells = [statistics.median(parts[name]) * 1e3 for name in names]
+        print(f"| {r} | {step:.1f} | " + " | ".join(f"{c:.1f}" for c in cells) + f" | {step - sum(cells):.1f} |",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
