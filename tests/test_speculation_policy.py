@@ -402,11 +402,12 @@ def test_the_draft_model_does_not_start_while_a_prompt_is_prefilled():
     request whose draft cache is current keeps drafting beside a prompt."""
     prefilling = request(0.9)
     prefilling.output_ids, prefilling.all_ids, prefilling.num_computed = [], prefilling.all_ids[:2], 0
-    item = ScheduledRequest(prefilling, 2)  # the whole prompt: the step completes it
-    assert item.completes and prefilling.in_prefill
 
     def prompt() -> ScheduledRequest:
+        """A fresh item for each plan: the whole prompt, which the step completes."""
         return ScheduledRequest(prefilling, 2)
+
+    assert prompt().completes and prefilling.in_prefill
 
     def drafted(method: str, items: list[ScheduledRequest], adaptive: bool = True, lookups=None):  # type: ignore[no-untyped-def]
         SpeculationPolicy(method, CPU_COSTS, adaptive=adaptive, max_model_len=4096, lookups=lookups or {}).plan(items)
