@@ -224,7 +224,7 @@ def calibrate(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max
                 runner.forward(items)  # warm-up: first calls of a shape allocate
             timed[role][n] = min(timed[role].get(n, float("inf")), _seconds(runner, items))
     for warm in (target, draft):  # a runner that filled one table only timed it cold: once more, warm
-        if warm is not None and bench.prefill_runs.get(id(warm)) == 1:
+        if warm is not None and len(bench.prefills.get(id(warm), [])) == 1:
             bench.time_prefill(warm, tables[0])
 
     def table(role: str, runner: ModelRunner, rows: int) -> CostTable:
@@ -240,11 +240,11 @@ def calibrate(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max
             floor = max(floor, value)
             seconds.append(value)
         per_context = _per_context(runner, rows, bench.context, max_len, repeats)
-        prefill = bench.prefill.get(id(runner))
-        if prefill is not None and bench.context > sizes[-1]:
+        fills = bench.prefills.get(id(runner))
+        if fills and bench.context > sizes[-1]:
             # its rows had 0 .. context-1 cached tokens; a table's rows have ``context`` each
             sizes.append(bench.context)
-            seconds.append(prefill + per_context * bench.context * (bench.context + 1) / 2)
+            seconds.append(min(fills) + per_context * bench.context * (bench.context + 1) / 2)
         return CostTable(sizes, seconds, per_context, bench.context)
 
     model = StepCostModel(table("target", target, max_tokens_per_seq),
@@ -315,13 +315,12 @@ _REQUIRED = {("target", 1), ("target", 2), ("draft", 1)}
 class _Bench:
     """Gives the block tables a shape uses ``CALIBRATION_CONTEXT`` cached tokens, each once and
     only when a shape first needs it (a bounded calibration does not pay for tables it never uses),
-    and keeps each runner's fastest of those forwards: the tables' prefill point."""
+    and keeps each runner's times of those forwards: the fastest is the tables' prefill point."""
 
     def __init__(self, max_len: int, max_tokens_per_seq: int) -> None:
         self.context = max(min(CALIBRATION_CONTEXT, max_len - max_tokens_per_seq - 1), 0)
         self.filled: dict[int, set[tuple[int, ...]]] = {}  # id(runner) -> tables filled
-        self.prefill: dict[int, float] = {}  # id(runner) -> seconds of its fastest fill
-        self.prefill_runs: dict[int, int] = {}  # id(runner) -> fills timed
+        self.prefills: dict[int, list[float]] = {}  # id(runner) -> seconds of each fill timed
         self.fill_seconds = 0.0
 
     def fill(self, runner: ModelRunner, tables: list[list[int]]) -> None:
@@ -336,8 +335,7 @@ class _Bench:
     def time_prefill(self, runner: ModelRunner, table: list[int]) -> None:
         seconds = _seconds(runner, [ForwardItem(table, 0, [1] * self.context, 1)])
         self.fill_seconds += seconds
-        self.prefill[id(runner)] = min(self.prefill.get(id(runner), float("inf")), seconds)
-        self.prefill_runs[id(runner)] = self.prefill_runs.get(id(runner), 0) + 1
+        self.prefills.setdefault(id(runner), []).append(seconds)
 
 
 def _tables(runner: ModelRunner, max_seqs: int, tokens: int) -> list[list[int]]:
