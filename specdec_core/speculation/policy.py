@@ -217,9 +217,7 @@ class SpeculationPolicy:
         have been all zeros."""
         alpha_max = max(c.alpha for c in free)
         least_context = min(c.context for c in free)
-        tokens = sum(expected_tokens(c.alpha, c.k) for c in choices)
-        rows = sum(1 + c.k for c in choices)
-        context = sum((1 + c.k) * c.context for c in choices)
+        tokens, rows, context = _verify_totals(choices)
         for extra in range(1, sum(c.cap for c in free) + 1):
             seconds = self.costs.target(rows + extra, context_tokens=context + extra * least_context)
             if seconds <= 0 or (tokens + extra * alpha_max) / seconds > rate * (1 + 1e-9):
@@ -227,13 +225,19 @@ class SpeculationPolicy:
         return False
 
     def _rate(self, choices: list[_Choice]) -> float:
-        tokens = sum(expected_tokens(c.alpha, c.k) for c in choices)
-        seconds = self.costs.target(sum(1 + c.k for c in choices), context_tokens=sum((1 + c.k) * c.context
-                                                                                      for c in choices))
+        tokens, rows, context = _verify_totals(choices)
+        seconds = self.costs.target(rows, context_tokens=context)
         depth = max((c.k for c in choices if c.source == "draft"), default=0)
         for j in range(1, depth + 1):
             # The first draft forward also catches up lagging draft caches (counted as rows).
-            rows = [(1 + (c.catch_up_rows if j == 1 else 0), c.context) for c in choices
-                    if c.source == "draft" and c.k >= j]
-            seconds += self.costs.draft(sum(n for n, _ in rows), context_tokens=sum(n * ctx for n, ctx in rows))
+            drafting = [(1 + (c.catch_up_rows if j == 1 else 0), c.context) for c in choices
+                        if c.source == "draft" and c.k >= j]
+            seconds += self.costs.draft(sum(n for n, _ in drafting),
+                                        context_tokens=sum(n * ctx for n, ctx in drafting))
         return tokens / seconds if seconds > 0 else 0.0
+
+
+def _verify_totals(choices: list[_Choice]) -> tuple[float, int, int]:
+    """The step's expected committed tokens, its verified rows and their cached tokens in all."""
+    return (sum(expected_tokens(c.alpha, c.k) for c in choices), sum(1 + c.k for c in choices),
+            sum((1 + c.k) * c.context for c in choices))
