@@ -55,7 +55,8 @@ from specdec_core.engine.request import Request  # noqa: E402
 from specdec_core.engine.step_plan import ScheduledRequest  # noqa: E402
 from specdec_core.speculation import acceptance  # noqa: E402
 from specdec_core.speculation.acceptance import Source, kept_prefix  # noqa: E402
-from specdec_core.speculation.cost_model import CostTable, StepCostModel  # noqa: E402
+from specdec_core.speculation.cost_model import StepCostModel  # noqa: E402
+from specdec_core.speculation.cost_table import CostTable  # noqa: E402
 from specdec_core.speculation.ngram import NgramProposer  # noqa: E402
 from specdec_core.speculation.policy import LookupProposer, SpeculationPolicy  # noqa: E402
 from specdec_core.speculation.suffix import SuffixProposer  # noqa: E402

@@ -13,7 +13,8 @@ from conftest import load, slot_runner
 
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.speculation.cost_cache import CostCache
-from specdec_core.speculation.cost_model import CostTable, StepCostModel, calibrate, non_decreasing
+from specdec_core.speculation.cost_model import StepCostModel, calibrate
+from specdec_core.speculation.cost_table import SHAPE_BOUND, CostTable, non_decreasing
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +97,35 @@ def test_the_table_learns_the_level_and_keeps_the_measured_shape() -> None:
     for _ in range(200):
         costs.observe_target(2, 1.0)  # only 2-token steps run now, at half the cost
     assert costs.live_target.seconds == pytest.approx([1.0, 1.0, 2.0, 4.0], rel=1e-3)
+
+
+def test_a_size_that_runs_dearer_than_the_level_says_is_corrected_within_a_bound(tmp_path: Path) -> None:
+    """Served code_edit at 4 streams ran its 4-row steps 4% over the table and its 8-row ones 12%
+    over: one level learns the mix, and each size's correction the rest, within ``SHAPE_BOUND``,
+    while a size that never runs keeps following the level. The corrections are saved; a file
+    from before them reads as 1 each."""
+    costs = StepCostModel(CostTable([1, 4, 8], [1.0, 2.0, 4.0]), None)
+    for step in range(400):
+        n = 8 if step % 5 == 0 else 4
+        costs.observe_target(n, (1.12 if n == 8 else 1.04) * costs.target(n, frozen=True))
+    assert costs.target(4) == pytest.approx(2 * 1.04, rel=0.02)
+    assert costs.target(8) == pytest.approx(4 * 1.12, rel=0.02)
+    assert 1.04 < costs.target(1) < 1.12  # the level: the mix's average, ~1.056
+    assert costs.live_target.correction[0] == 1.0
+    cache = CostCache(tmp_path, {"model": "a"})
+    cache.save(costs)
+    loaded = cache.load()
+    assert loaded is not None and loaded.target(8) == costs.target(8) and loaded.target_table == costs.live_target
+    data = json.loads(cache.path.read_text())
+    del data["target"]["correction"]
+    cache.path.write_text(json.dumps(data))
+    older = cache.load()
+    assert older is not None and older.target_table.correction == [1.0, 1.0, 1.0]
+    for step in range(400):  # an 8-row step three times dearer than its shape: the bound holds
+        n = 8 if step % 5 == 0 else 4
+        costs.observe_target(n, (3.0 if n == 8 else 1.0) * costs.target(n, frozen=True))
+    assert costs.live_target.correction[2] == SHAPE_BOUND
+    assert costs.target(8) / costs.live_target(4, corrected=False) == pytest.approx(2 * SHAPE_BOUND, rel=1e-6)
 
 
 def test_the_first_calibration_keeps_to_its_budget(pair, caplog) -> None:

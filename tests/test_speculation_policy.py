@@ -13,7 +13,8 @@ from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.engine.request import Request
 from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.speculation.acceptance import expected_tokens
-from specdec_core.speculation.cost_model import CostTable, StepCostModel
+from specdec_core.speculation.cost_model import StepCostModel
+from specdec_core.speculation.cost_table import CostTable
 from specdec_core.speculation.draft_tree import DraftTree
 from specdec_core.speculation.ngram_index import NgramIndex
 from specdec_core.speculation.policy import PROBE_INTERVAL, SpeculationPolicy
@@ -292,7 +293,7 @@ def test_the_confident_estimate_is_below_the_mean_and_closes_in_with_evidence():
 
 def test_observed_steps_rescale_the_live_costs_only():
     costs = StepCostModel(CostTable([1, 8], [1.0, 2.0]), None)
-    for _ in range(100):
+    for _ in range(200):  # the level learns a doubling in ~50 steps; the size's correction rises, then returns
         costs.observe_target(8, 4.0)
     assert costs.target(8) == pytest.approx(4.0, rel=1e-3)
     assert costs.target(8, frozen=True) == 2.0

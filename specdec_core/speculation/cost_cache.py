@@ -32,13 +32,15 @@ from typing import Any
 
 import torch
 
-from specdec_core.speculation.cost_model import CostTable, StepCostModel
+from specdec_core.speculation.cost_model import StepCostModel
+from specdec_core.speculation.cost_table import SHAPE_BOUND, CostTable
 
 log = logging.getLogger("specdec.cost_model")
 
 # 2: the live tables keep the measured shape (format 1's were corrected bucket by bucket);
 # 3: and the cost of a row's cached tokens (``CostTable.per_context``);
-# 4: and a prefill point at the end of each table (``cost_model``: what a draft catch-up costs)
+# 4: and a prefill point at the end of each table (``cost_model``: what a draft catch-up costs);
+# since 2026-11-27 a table may also carry its sizes' ``correction`` (a file without it reads as 1 each)
 FORMAT = 4
 SAVE_INTERVAL_S = 60.0
 
@@ -132,19 +134,22 @@ class CostCache:
 
 def _table(data: dict[str, Any]) -> CostTable:
     return CostTable(list(data["sizes"]), [float(s) for s in data["seconds"]], float(data["per_context"]),
-                     int(data["context"]))
+                     int(data["context"]), [float(c) for c in data.get("correction") or []])
 
 
 def _valid(table: CostTable) -> bool:
     return (bool(table.sizes) and len(table.sizes) == len(table.seconds) and table.sizes == sorted(set(table.sizes))
-            and all(s > 0 for s in table.seconds) and table.per_context >= 0 and table.context >= 0)
+            and all(s > 0 for s in table.seconds) and table.per_context >= 0 and table.context >= 0
+            and len(table.correction) == len(table.sizes)
+            and all(1 / SHAPE_BOUND <= c <= SHAPE_BOUND for c in table.correction))
 
 
 def _snapshot(key: dict[str, Any], costs: StepCostModel) -> dict[str, Any]:
     def table(t: CostTable | None) -> dict[str, Any] | None:
         if t is None:
             return None
-        return {"sizes": list(t.sizes), "seconds": list(t.seconds), "per_context": t.per_context, "context": t.context}
+        return {"sizes": list(t.sizes), "seconds": list(t.seconds), "per_context": t.per_context, "context": t.context,
+                "correction": list(t.correction)}
 
     return {"format": FORMAT, "key": key, "observed_steps": costs.observed_steps,
             "target": table(costs.live_target), "draft": table(costs.live_draft)}

@@ -17,15 +17,10 @@ rows; extending the decode shapes' last segment priced that at nothing (a calibr
 token), and at 4 streams ``auto`` then caught requests up for a draft token or two.
 
 Start-up costs are measured at a fixed cached context, so they say nothing about what else is
-running; ``observe_*`` then rescales a live copy of each table, every size by the same factor, toward
-what real steps cost (an exponential moving average of observed / predicted: longer contexts, a
-loaded machine), and the live tables are what ``cost_cache`` saves for the next start. The shape
-(what n tokens cost against one) stays the measured one: corrected bucket by bucket, it drifted
-with whichever shapes happened to run at long contexts (on the default pair at c=1, after ~40,000
-steps over several starts: 2 tokens 157 ms, 3 tokens 76 ms, 1 token 69 ms), and a bucket the
-correction made too dear was never chosen again, so never corrected (4 and 5 tokens stayed at
-146-157 ms: ``auto`` stopped drafting past 2 tokens). Requests whose choice must not depend on
-other requests use the ``frozen`` tables only, fixed for the engine's lifetime.
+running; ``observe_*`` then corrects a live copy of each table toward what real steps cost (its
+level; the target's also size by size, within a bound: ``cost_table``), and the live tables are what
+``cost_cache`` saves for the next start. Requests whose choice must not depend on other requests
+use the ``frozen`` tables only, fixed for the engine's lifetime.
 
 The first calibration is bounded (``CALIBRATION_BUDGET_S``): the small shapes are timed first,
 and every shape the budget leaves out gets the timed ones' extrapolation.
@@ -33,7 +28,6 @@ and every shape the budget leaves out gets the timed ones' extrapolation.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -43,6 +37,7 @@ import torch
 from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.execution.kv_cache import blocks_for, region
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+from specdec_core.speculation.cost_table import CostTable
 
 log = logging.getLogger("specdec.cost_model")
 
@@ -67,7 +62,6 @@ CALIBRATION_BUDGET_S = 30.0
 # forward is many times slower (measured here at load 9 on 2 cores: all 11 shapes of SmolLM2 took
 # 30 s), and a start that found its costs should not pay that again.
 WARM_UP_BUDGET_S = 5.0
-SCALE_DECAY = 0.9  # weight of the old value when a real step is observed
 
 
 def _grid(limit: int) -> list[int]:
@@ -77,67 +71,6 @@ def _grid(limit: int) -> list[int]:
         points += [n, n * 3 // 2]
         n *= 2
     return sorted({p for p in points if p < limit} | {limit})
-
-
-def non_decreasing(values: list[float]) -> list[float]:
-    """The closest non-decreasing sequence in least squares: runs that decrease become their mean."""
-    runs: list[list[float]] = []  # [sum, count]
-    for v in values:
-        runs.append([v, 1])
-        while len(runs) > 1 and runs[-2][0] * runs[-1][1] > runs[-1][0] * runs[-2][1]:
-            total, count = runs.pop()
-            runs[-1][0] += total
-            runs[-1][1] += count
-    return [total / count for total, count in runs for _ in range(int(count))]
-
-
-@dataclass
-class CostTable:
-    """Seconds of one forward at grid sizes, each row with ``context`` cached tokens; linear between
-    points, linear past the last one. ``per_context``: what every cached token a row has beyond
-    ``context`` adds (each row attends to its own keys: at the agentic workload's 2-3K tokens a
-    row reads 20x the keys it read at calibration)."""
-
-    sizes: list[int]
-    seconds: list[float]
-    per_context: float = 0.0
-    context: int = 0
-
-    def __post_init__(self) -> None:
-        # A bigger step never costs less. Timing noise can say so (the fastest of three runs, on
-        # the default pair here: 2 tokens 85.4 ms, 3 tokens 81.5 ms), and with the shape kept for
-        # good (``rescale``) a policy would prefer the larger step for ever: such neighbours are
-        # replaced by their mean (pool adjacent violators).
-        self.seconds = non_decreasing(self.seconds)
-
-    def __call__(self, n: float, context_tokens: float | None = None) -> float:
-        """``n`` rows whose cached tokens add up to ``context_tokens`` (None: ``context`` each)."""
-        base = self._interpolate(n)
-        if context_tokens is None:
-            return base
-        return max(base + self.per_context * (context_tokens - n * self.context), 0.0)
-
-    def _interpolate(self, n: float) -> float:
-        sizes, secs = self.sizes, self.seconds
-        if n <= sizes[0]:
-            return secs[0] * max(n, 0) / sizes[0]
-        if len(sizes) == 1:
-            return secs[0] * n / sizes[0]
-        i = min(bisect.bisect_left(sizes, n), len(sizes) - 1)  # past the end: extend the last segment
-        lo, hi = i - 1, i
-        slope = (secs[hi] - secs[lo]) / (sizes[hi] - sizes[lo])
-        return secs[lo] + slope * (n - sizes[lo])
-
-    def copy(self) -> "CostTable":
-        return CostTable(list(self.sizes), list(self.seconds), self.per_context, self.context)
-
-    def rescale(self, ratio: float) -> None:
-        """A real forward cost ``ratio`` times what the table says: move every point and the
-        context term toward it by the same factor (an exponential moving average of the level;
-        the shape stays)."""
-        factor = 1.0 + (1.0 - SCALE_DECAY) * (ratio - 1.0)
-        self.seconds = [s * factor for s in self.seconds]
-        self.per_context *= factor
 
 
 @dataclass
@@ -166,9 +99,10 @@ class StepCostModel:
 
     def observe_target(self, n: int, seconds: float, context_tokens: float | None = None) -> None:
         """A real decode step scored ``n`` tokens in ``seconds``: move the live table toward it."""
-        predicted = self.live_target(n, context_tokens)
-        if predicted > 0 and seconds > 0:
-            self.live_target.rescale(seconds / predicted)
+        level = self.live_target(n, context_tokens, corrected=False)
+        if level > 0 and seconds > 0:
+            self.live_target.rescale(seconds / level)
+            self.live_target.correct(n, seconds / self.live_target(n, context_tokens))
             self.observed_steps += 1
 
     def observe_draft(self, forwards: list[tuple[int, float]], seconds: float) -> None:

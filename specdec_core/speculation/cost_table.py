@@ -1,0 +1,115 @@
+"""One model's forward time by step size: a measured table that real steps keep correcting.
+
+A table is the shape measured at start-up (what n rows cost against one, at a fixed cached
+context), times a level that every observed step moves (a loaded machine, longer contexts), times
+a bounded correction per size that only the steps of that size move.
+
+The level is one factor for every size: corrected size by size without a bound, a table drifted
+with whichever sizes happened to run at long contexts (on the default pair at c=1, after ~40,000
+steps over several starts: 2 tokens 157 ms, 3 tokens 76 ms, 1 token 69 ms), and a size made too
+dear was never chosen again, so never corrected (4 and 5 tokens stayed at 146-157 ms: ``auto``
+stopped drafting past 2 tokens). The per-size correction is what one factor cannot learn: the
+calibration times n requests of one row each at 128 cached tokens, but at 4 streams a 7- or
+8-row step is four requests verifying drafts at code contexts, and a served code_edit run put
+those 11-12% over the table while its 580 four-row steps ran 4% over (docs/benchmarks.md, issue
+23, 2026-11-27). The correction moves at half the level's rate, so a level change lands in the
+level first, and stays within ``SHAPE_BOUND`` of the measured shape, so a size it made dear is
+at most that much dearer than measured and keeps following the level.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+SCALE_DECAY = 0.9  # weight of the old level when a real step is observed
+SHAPE_RATE = 0.05  # weight of one observed step in its size's correction
+SHAPE_BOUND = 1.25  # a size's correction stays within [1 / SHAPE_BOUND, SHAPE_BOUND]
+
+
+def non_decreasing(values: list[float]) -> list[float]:
+    """The closest non-decreasing sequence in least squares: runs that decrease become their mean."""
+    runs: list[list[float]] = []  # [sum, count]
+    for v in values:
+        runs.append([v, 1])
+        while len(runs) > 1 and runs[-2][0] * runs[-1][1] > runs[-1][0] * runs[-2][1]:
+            total, count = runs.pop()
+            runs[-1][0] += total
+            runs[-1][1] += count
+    return [total / count for total, count in runs for _ in range(int(count))]
+
+
+@dataclass
+class CostTable:
+    """Seconds of one forward at grid sizes, each row with ``context`` cached tokens; linear between
+    points, linear past the last one. ``per_context``: what every cached token a row has beyond
+    ``context`` adds (each row attends to its own keys: at the agentic workload's 2-3K tokens a
+    row reads 20x the keys it read at calibration). ``correction``: each size's factor on top of
+    ``seconds`` (empty: 1 each)."""
+
+    sizes: list[int]
+    seconds: list[float]
+    per_context: float = 0.0
+    context: int = 0
+    correction: list[float] = field(default_factory=list)
+    _points: list[float] = field(init=False, repr=False, compare=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        # A bigger step never costs less. Timing noise can say so (the fastest of three runs, on
+        # the default pair here: 2 tokens 85.4 ms, 3 tokens 81.5 ms), and with the shape kept for
+        # good (``rescale``) a policy would prefer the larger step for ever: such neighbours are
+        # replaced by their mean (pool adjacent violators). The corrected points are kept so too.
+        self.seconds = non_decreasing(self.seconds)
+        self.correction = list(self.correction) or [1.0] * len(self.sizes)
+        self._update()
+
+    def _update(self) -> None:
+        self._points = non_decreasing([s * c for s, c in zip(self.seconds, self.correction)])
+
+    def __call__(self, n: float, context_tokens: float | None = None, corrected: bool = True) -> float:
+        """``n`` rows whose cached tokens add up to ``context_tokens`` (None: ``context`` each);
+        ``corrected=False``: the measured shape at the level, without the sizes' corrections."""
+        base = self._interpolate(self._points if corrected else self.seconds, n)
+        if context_tokens is None:
+            return base
+        return max(base + self.per_context * (context_tokens - n * self.context), 0.0)
+
+    def _interpolate(self, secs: list[float], n: float) -> float:
+        sizes = self.sizes
+        if n <= sizes[0]:
+            return secs[0] * max(n, 0) / sizes[0]
+        if len(sizes) == 1:
+            return secs[0] * n / sizes[0]
+        i = min(bisect.bisect_left(sizes, n), len(sizes) - 1)  # past the end: extend the last segment
+        lo, hi = i - 1, i
+        slope = (secs[hi] - secs[lo]) / (sizes[hi] - sizes[lo])
+        return secs[lo] + slope * (n - sizes[lo])
+
+    def copy(self) -> "CostTable":
+        return CostTable(list(self.sizes), list(self.seconds), self.per_context, self.context, list(self.correction))
+
+    def rescale(self, ratio: float) -> None:
+        """A real forward cost ``ratio`` times what the measured shape at the level says: move
+        every point and the context term toward it by the same factor (an exponential moving
+        average of the level; the shape stays). With the corrections left out of ``ratio``, the
+        level is the traffic's average and a slower machine is the level's to learn, not the
+        correction of the one size that happens to run (every other size would look cheap)."""
+        factor = 1.0 + (1.0 - SCALE_DECAY) * (ratio - 1.0)
+        self.seconds = [s * factor for s in self.seconds]
+        self.per_context *= factor
+        self._update()
+
+    def correct(self, n: float, ratio: float) -> None:
+        """A real forward of ``n`` rows cost ``ratio`` times what the corrected table says: move
+        the correction of the grid sizes around ``n`` toward it, each by its share of the
+        interpolation, within ``SHAPE_BOUND``. Each converges to its size's cost against the level."""
+        i = bisect.bisect_left(self.sizes, n)
+        if i == 0 or i == len(self.sizes) or self.sizes[i] == n:
+            shares = {min(i, len(self.sizes) - 1): 1.0}
+        else:
+            upper = (n - self.sizes[i - 1]) / (self.sizes[i] - self.sizes[i - 1])
+            shares = {i - 1: 1.0 - upper, i: upper}
+        for j, share in shares.items():
+            moved = self.correction[j] * (1.0 + SHAPE_RATE * share * (ratio - 1.0))
+            self.correction[j] = min(max(moved, 1.0 / SHAPE_BOUND), SHAPE_BOUND)
+        self._update()
