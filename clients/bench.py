@@ -115,6 +115,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     w.add_argument("--num-prompts", type=int, default=10,
                    help="prompts per kind, the first N of clients/prompts.json (48 per kind; default 10, the set "
                         "results before 2026-11-25 used; --pairing same needs c of them per unit at concurrency c)")
+    w.add_argument("--prompts-per-stream", type=int, default=1, metavar="M",
+                   help="--pairing same: each unit at concurrency c is c clients running M prompts each, a "
+                        "client's next one as soon as its last one finished (default 1: a burst of c, which ends "
+                        "with its slowest request)")
     w.add_argument("--requests-per-level", type=int, default=None,
                    help="requests per (mode, kind, concurrency) (default: max(num prompts, concurrency))")
     w.add_argument("--max-tokens", type=int, default=128)
@@ -166,6 +170,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.pairing = "separate" if args.peer else "same"
     if args.control and args.pairing != "same":
         p.error("--control is an A/A run of --pairing same")
+    if args.prompts_per_stream < 1 or (args.prompts_per_stream > 1 and args.pairing != "same"):
+        p.error("--prompts-per-stream takes an integer >= 1 and shapes the units of --pairing same")
     # Spawned servers run from the repository root: make local model paths absolute first.
     for name in ("model", "draft_model"):
         value = getattr(args, name)

@@ -60,6 +60,8 @@ def test_paired_ratio_and_its_bootstrap_interval() -> None:
     units = paired.make_units(wls, [1, 2])
     assert [(u.concurrency, [w.index for w in u.workloads]) for u in units] == [
         (1, [0]), (1, [1]), (1, [2]), (1, [3]), (1, [4]), (2, [0, 1]), (2, [2, 3])]
+    # --prompts-per-stream 2: c clients with 2 prompts each per unit
+    assert [[w.index for w in u.workloads] for u in paired.make_units(wls, [2], per_stream=2)] == [[0, 1, 2, 3]]
 
 
 def test_an_agentic_session_resends_its_history_and_answers() -> None:

@@ -14,8 +14,9 @@ CLIENTS = Path(__file__).resolve().parents[1] / "clients"
 
 
 def run_bench(url: str, out: Path, *flags: str) -> dict:
-    """``bench.py --url URL FLAGS`` at concurrency 1, no baselines or chart; its JSON result."""
-    cmd = [sys.executable, str(CLIENTS / "bench.py"), "--url", url, *flags, "--concurrency", "1",
+    """``bench.py --url URL FLAGS`` at concurrency 1 unless FLAGS say otherwise, no baselines or
+    chart; its JSON result."""
+    cmd = [sys.executable, str(CLIENTS / "bench.py"), "--url", url, "--concurrency", "1", *flags,
            "--no-baselines", "--no-chart", "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     (result,) = out.glob("bench-*.json")
@@ -53,6 +54,16 @@ def test_same_server_pairing_gives_both_arms_the_same_cache_and_counts_each_prop
         assert u["off_by_source"] == {} and u["off_draft_tokens"] == 0 and u["off_trees"] == [0, 0]
     assert sum(d for d, _ in cell["by_source"].values()) == sum(u["on_draft_tokens"] for u in units) > 0
     assert cell["trees"] == [sum(u["on_trees"][i] for u in units) for i in (0, 1)]  # token trees, reported apart
+
+
+def test_clients_that_run_several_prompts_each_send_every_prompt_of_a_unit_once_per_arm(tiny_server, tmp_path: Path) -> None:
+    """``--prompts-per-stream 2`` at 2 streams: one unit of 4 prompts, each answered once per arm."""
+    data = run_bench(tiny_server.url, tmp_path, "--pairing", "same", "--kinds", "open", "--num-prompts", "5",
+                     "--concurrency", "2", "--prompts-per-stream", "2", "--max-tokens", "6")
+    (cell,) = data["paired"]
+    assert cell["units"] == 1 and cell["same_as_off"] == "1/1" and cell["failed"] == 0
+    (unit,) = data["requests"]
+    assert unit["prompts"] == [0, 1, 2, 3] and unit["on_tokens"] == unit["off_tokens"] == 4 * 6
 
 
 def test_an_a_a_control_run_sends_no_speculation_in_either_arm(tiny_server, tmp_path: Path) -> None:

@@ -5,7 +5,10 @@ the effect worth detecting. Here both arms run on the same server (off is the pe
 extension ``"speculative": false``): each cell's prompts are cut into units (one prompt or
 session at concurrency 1, ``c`` of them at once above), the units run in a random order, and each
 unit runs in both arms back to back in a random order, so drift in the machine's load hits both
-arms alike. A cell's ratio is (on tokens / on seconds) / (off tokens / off seconds) over its
+arms alike. With ``--prompts-per-stream M`` a unit has ``c * M`` prompts and ``c`` clients, each
+sending its next prompt as soon as its last one finished (vLLM's ``--max-concurrency``): a burst
+of ``c`` (M = 1) ends with its slowest request, and the requests speculation finished early leave
+their slots idle until then, which closed-loop traffic does not do. A cell's ratio is (on tokens / on seconds) / (off tokens / off seconds) over its
 units; its 95% interval comes from resampling the units (paired, with replacement).
 
 Each unit's prompts are used once per arm: repeating a prompt would let a suffix trie find the
@@ -104,15 +107,16 @@ def bootstrap_interval(units: list[Unit], resamples: int = 2000, seed: int = 0) 
     return values[int(0.025 * (resamples - 1))], values[int(0.975 * (resamples - 1))]
 
 
-def make_units(workloads: dict[str, list[Workload]], concurrency: list[int]) -> list[Unit]:
-    """Per cell, its prompts (or sessions) cut into units of ``c``; a last short unit is dropped
-    above concurrency 1, since it would not load the server to ``c``."""
+def make_units(workloads: dict[str, list[Workload]], concurrency: list[int], per_stream: int = 1) -> list[Unit]:
+    """Per cell, its prompts (or sessions) cut into units of ``c * per_stream``; a last short unit
+    is dropped, since it would not load the server to ``c`` for as long as the others."""
     units = []
     for kind, wls in workloads.items():
         for c in concurrency:
-            for start in range(0, len(wls), c):
-                group = wls[start:start + c]
-                if len(group) == c:
+            size = c * per_stream
+            for start in range(0, len(wls), size):
+                group = wls[start:start + size]
+                if len(group) == size:
                     units.append(Unit(kind, c, group))
     return units
 
@@ -137,7 +141,16 @@ async def speculation_by_source(client: httpx.AsyncClient) -> dict[str, list[int
 async def _run_arm(client: httpx.AsyncClient, unit: Unit, model: str, args, extra: dict) -> Arm:
     before = await speculation_by_source(client)
     start = time.perf_counter()
-    batches = await asyncio.gather(*(run_workload(client, wl, model, args, extra) for wl in unit.workloads))
+    waiting = list(reversed(unit.workloads))
+
+    async def stream() -> list[RequestResult]:
+        """One client: its next prompt as soon as its last one finished, until the unit's are done."""
+        results: list[RequestResult] = []
+        while waiting:
+            results += await run_workload(client, waiting.pop(), model, args, extra)
+        return results
+
+    batches = await asyncio.gather(*(stream() for _ in range(unit.concurrency)))
     arm = Arm(seconds=time.perf_counter() - start)
     after = await speculation_by_source(client)
     for source, (drafted, accepted) in after.items():
@@ -164,7 +177,7 @@ async def run_paired(base_url: str, mode: str, on_extra: dict, model: str, workl
                      args) -> tuple[list[PairedRow], list[dict]]:
     """Every unit in both arms, in random orders (``args.seed``); one row per cell."""
     rng = random.Random(args.seed)
-    units = make_units(workloads, args.concurrency)
+    units = make_units(workloads, args.concurrency, args.prompts_per_stream)
     rng.shuffle(units)
     conns = max(args.concurrency) + 4
     limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns)
