@@ -3,6 +3,7 @@ streamed results; the real end-to-end run is the documented ``--spawn --quick`` 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,32 @@ def test_paired_ratio_and_its_bootstrap_interval() -> None:
         (1, [0]), (1, [1]), (1, [2]), (1, [3]), (1, [4]), (2, [0, 1]), (2, [2, 3])]
     # --prompts-per-stream 2: c clients with 2 prompts each per unit
     assert [[w.index for w in u.workloads] for u in paired.make_units(wls, [2], per_stream=2)] == [[0, 1, 2, 3]]
+
+
+def test_closed_loop_clients_return_results_in_the_workloads_order(monkeypatch) -> None:
+    """Clients finish out of order (the first prompt waits until the second one is answered);
+    the results still come back in the prompts' order, which the on/off output check relies on."""
+    sys.path.insert(0, str(CLIENTS))
+    try:
+        from benchmark import workload
+    finally:
+        sys.path.remove(str(CLIENTS))
+    second_done = asyncio.Event()
+    finished: list[int] = []
+
+    async def answer(client, wl, model, args, extra):
+        if wl.index == 0:
+            await second_done.wait()
+        if wl.index == 1:
+            second_done.set()
+        finished.append(wl.index)
+        return [workload.RequestResult(wl.kind, wl.index, ok=True)]
+
+    monkeypatch.setattr(workload, "run_workload", answer)
+    wls = [workload.Workload("open", i, "p") for i in range(4)]
+    batches = asyncio.run(workload.run_clients(None, wls, 2, "m", None, {}))
+    assert finished[0] == 1 and finished != sorted(finished)
+    assert [[r.prompt_index for r in batch] for batch in batches] == [[0], [1], [2], [3]]
 
 
 def test_an_agentic_session_resends_its_history_and_answers() -> None:

@@ -29,7 +29,6 @@ accepted (``auto`` chooses per request and step, and the response's totals do no
 
 from __future__ import annotations
 
-import asyncio
 import random
 import secrets
 import time
@@ -42,7 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from .progress import log
 from .report import fmt
 from .results import RequestResult
-from .workload import Workload, auth_headers, run_workload, warm_up
+from .workload import Workload, auth_headers, run_clients, warm_up
 
 ARMS = ("on", "off")
 OFF = {"speculative": False}
@@ -141,16 +140,7 @@ async def speculation_by_source(client: httpx.AsyncClient) -> dict[str, list[int
 async def _run_arm(client: httpx.AsyncClient, unit: Unit, model: str, args, extra: dict) -> Arm:
     before = await speculation_by_source(client)
     start = time.perf_counter()
-    waiting = list(reversed(unit.workloads))
-
-    async def stream() -> list[RequestResult]:
-        """One client: its next prompt as soon as its last one finished, until the unit's are done."""
-        results: list[RequestResult] = []
-        while waiting:
-            results += await run_workload(client, waiting.pop(), model, args, extra)
-        return results
-
-    batches = await asyncio.gather(*(stream() for _ in range(unit.concurrency)))
+    batches = await run_clients(client, unit.workloads, unit.concurrency, model, args, extra)
     arm = Arm(seconds=time.perf_counter() - start)
     after = await speculation_by_source(client)
     for source, (drafted, accepted) in after.items():

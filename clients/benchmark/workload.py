@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -123,25 +124,36 @@ async def run_workload(client: httpx.AsyncClient, wl: Workload, model: str, args
     return await run_session(wl.prompt, send)
 
 
+async def run_clients(client: httpx.AsyncClient, workloads: list[Workload], concurrency: int, model: str, args,
+                      extra: dict, finished: Callable[[], None] | None = None) -> list[list[RequestResult]]:
+    """``concurrency`` clients over ``workloads``, each sending the next one as soon as its last
+    one finished (a closed loop); each workload's results, in the workloads' order (a greedy
+    output is compared with the same prompt's in another arm)."""
+    results: list[list[RequestResult]] = [[] for _ in workloads]
+    todo = list(range(len(workloads)))
+
+    async def one_client() -> None:
+        while todo:
+            i = todo.pop(0)
+            results[i] = await run_workload(client, workloads[i], model, args, extra)
+            if finished is not None:
+                finished()
+
+    await asyncio.gather(*(one_client() for _ in range(min(concurrency, len(workloads)))))
+    return results
+
+
 async def run_level(
     client: httpx.AsyncClient, model: str, workloads: list[Workload], concurrency: int, n_requests: int,
     args, extra: dict, desc: str,
 ) -> tuple[list[RequestResult], float]:
-    todo = list(range(n_requests))
-    results: list[RequestResult] = []
     bar = progress(n_requests, desc)
-
-    async def worker() -> None:
-        while todo:
-            i = todo.pop(0)
-            results.extend(await run_workload(client, workloads[i % len(workloads)], model, args, extra))
-            bar.update(1)
-
     start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, n_requests))))
+    batches = await run_clients(client, [workloads[i % len(workloads)] for i in range(n_requests)], concurrency,
+                                model, args, extra, finished=lambda: bar.update(1))
     duration = time.perf_counter() - start
     bar.close()
-    return results, duration
+    return [r for batch in batches for r in batch], duration
 
 
 def auth_headers(args) -> dict:
