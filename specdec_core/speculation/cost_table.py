@@ -2,7 +2,7 @@
 
 A table is the shape measured at start-up (what n rows cost against one, at a fixed cached
 context), times a level that every observed step moves (a loaded machine, longer contexts), times
-a bounded correction per size that only the steps of that size move.
+a bounded correction per size that only the steps at or next to that size move.
 
 The level is one factor for every size: corrected size by size without a bound, a table drifted
 with whichever sizes happened to run at long contexts (on the default pair at c=1, after ~40,000
@@ -12,9 +12,11 @@ stopped drafting past 2 tokens). The per-size correction is what one factor cann
 calibration times n requests of one row each at 128 cached tokens, but at 4 streams a 7- or
 8-row step is four requests verifying drafts at code contexts, and a served code_edit run put
 those 11-12% over the table while its 580 four-row steps ran 4% over (docs/benchmarks.md, issue
-23, 2026-11-27). The correction moves at half the level's rate, so a level change lands in the
-level first, and stays within ``SHAPE_BOUND`` of the measured shape, so a size it made dear is
-at most that much dearer than measured and keeps following the level.
+23, 2026-11-27). The level learns from the uncorrected shape, so it is the traffic's average and
+a slower machine moves it rather than the correction of whichever size runs; each correction
+learns its size's cost against that level and stays within ``SHAPE_BOUND`` of the measured
+shape, so a size it made dear is at most that much dearer than measured and keeps following the
+level.
 """
 
 from __future__ import annotations
