@@ -227,6 +227,9 @@ def test_a_cache_of_another_key_format_or_broken_is_ignored(tmp_path: Path, capl
     assert cache.load() is None and f"this version reads {data['format']}" in caplog.text
     cache.path.write_text(json.dumps({**data, "target": {"sizes": [2, 1], "seconds": [1.0, -1.0]}}))
     assert cache.load() is None
+    for correction in ([1.0], [1.0, 2 * SHAPE_BOUND]):  # one per size, within the bound
+        cache.path.write_text(json.dumps({**data, "target": {**data["target"], "correction": correction}}))
+        assert cache.load() is None
     cache.path.write_text("{not json")
     assert cache.load() is None
 
