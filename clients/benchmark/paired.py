@@ -8,8 +8,9 @@ unit runs in both arms back to back in a random order, so drift in the machine's
 arms alike. With ``--prompts-per-stream M`` a unit has ``c * M`` prompts and ``c`` clients, each
 sending its next prompt as soon as its last one finished (vLLM's ``--max-concurrency``): a burst
 of ``c`` (M = 1) ends with its slowest request, and the requests speculation finished early leave
-their slots idle until then, which closed-loop traffic does not do. A cell's ratio is (on tokens /
-on seconds) / (off tokens / off seconds) over its units; its 95% interval comes from resampling the units (paired, with replacement).
+their slots idle until then, which closed-loop traffic does not do. A cell's ratio is (on tokens
+/ on seconds) / (off tokens / off seconds) over its units; its 95% interval comes from
+resampling the units (paired, with replacement).
 
 Each unit's prompts are used once per arm: repeating a prompt would let a suffix trie find the
 whole answer of the earlier run, a gain real traffic does not see that way (a request with
