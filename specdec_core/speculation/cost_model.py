@@ -99,10 +99,7 @@ class StepCostModel:
 
     def observe_target(self, n: int, seconds: float, context_tokens: float | None = None) -> None:
         """A real decode step scored ``n`` tokens in ``seconds``: move the live table toward it."""
-        level = self.live_target(n, context_tokens, corrected=False)
-        if level > 0 and seconds > 0:
-            self.live_target.rescale(seconds / level)
-            self.live_target.correct(n, seconds / self.live_target(n, context_tokens))
+        if self.live_target.observe(n, seconds, context_tokens):
             self.observed_steps += 1
 
     def observe_draft(self, forwards: list[tuple[int, float]], seconds: float) -> None:

@@ -93,18 +93,34 @@ class CostTable:
     def rescale(self, ratio: float) -> None:
         """A real forward cost ``ratio`` times what the measured shape at the level says: move
         every point and the context term toward it by the same factor (an exponential moving
-        average of the level; the shape stays). With the corrections left out of ``ratio``, the
-        level is the traffic's average and a slower machine is the level's to learn, not the
-        correction of the one size that happens to run (every other size would look cheap)."""
+        average of the level; the shape stays)."""
+        self._move_level(ratio)
+        self._update()
+
+    def observe(self, n: float, seconds: float, context_tokens: float | None = None) -> bool:
+        """A real forward of ``n`` rows took ``seconds``: the level learns from the uncorrected
+        shape, so it is the traffic's average and a slower machine is the level's to learn, not
+        the correction of the one size that happens to run (every other size would look cheap);
+        then the sizes around ``n`` learn what is left. False where the table predicts nothing
+        to compare with."""
+        level, predicted = self(n, context_tokens, corrected=False), self(n, context_tokens)
+        if level <= 0 or predicted <= 0 or seconds <= 0:
+            return False
+        factor = self._move_level(seconds / level)
+        self._correct(n, seconds / (predicted * factor))  # the level moved every term by ``factor``
+        self._update()
+        return True
+
+    def _move_level(self, ratio: float) -> float:
         factor = 1.0 + (1.0 - SCALE_DECAY) * (ratio - 1.0)
         self.seconds = [s * factor for s in self.seconds]
         self.per_context *= factor
-        self._update()
+        return factor
 
-    def correct(self, n: float, ratio: float) -> None:
-        """A real forward of ``n`` rows cost ``ratio`` times what the corrected table says: move
-        the correction of the grid sizes around ``n`` toward it, each by its share of the
-        interpolation, within ``SHAPE_BOUND``. Each converges to its size's cost against the level."""
+    def _correct(self, n: float, ratio: float) -> None:
+        """Move the correction of the grid sizes around ``n`` toward ``ratio`` (observed over
+        corrected prediction), each by its share of the interpolation, within ``SHAPE_BOUND``.
+        Each converges to its size's cost against the level."""
         i = bisect.bisect_left(self.sizes, n)
         if i == 0 or i == len(self.sizes) or self.sizes[i] == n:
             shares = {min(i, len(self.sizes) - 1): 1.0}
@@ -114,4 +130,3 @@ class CostTable:
         for j, share in shares.items():
             moved = self.correction[j] * (1.0 + SHAPE_RATE * share * (ratio - 1.0))
             self.correction[j] = min(max(moved, 1.0 / SHAPE_BOUND), SHAPE_BOUND)
-        self._update()
