@@ -36,15 +36,15 @@ def test_summary_of_streamed_results() -> None:
 def _bench_modules():
     sys.path.insert(0, str(CLIENTS))
     try:
-        from benchmark import agentic, paired
-        from benchmark.workload import Workload
+        from benchmark import agentic, paired, workload
     finally:
         sys.path.remove(str(CLIENTS))
-    return agentic, paired, Workload
+    return agentic, paired, workload
 
 
 def test_paired_ratio_and_its_bootstrap_interval() -> None:
-    _, paired, Workload = _bench_modules()
+    _, paired, workload = _bench_modules()
+    Workload = workload.Workload
 
     def unit(on_s: float, off_s: float) -> "paired.Unit":
         u = paired.Unit("code_edit", 1, [Workload("code_edit", 0, "p")])
@@ -68,11 +68,7 @@ def test_paired_ratio_and_its_bootstrap_interval() -> None:
 def test_closed_loop_clients_return_results_in_the_workloads_order(monkeypatch) -> None:
     """Clients finish out of order (the first prompt waits until the second one is answered);
     the results still come back in the prompts' order, which the on/off output check relies on."""
-    sys.path.insert(0, str(CLIENTS))
-    try:
-        from benchmark import workload
-    finally:
-        sys.path.remove(str(CLIENTS))
+    _, _, workload = _bench_modules()
     second_done = asyncio.Event()
     finished: list[int] = []
 
