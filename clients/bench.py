@@ -325,7 +325,7 @@ def _run_same_server(args, workloads, servers: dict, details: list, notes: list)
     cells: list[PairedRow] = []
     for c in args.concurrency:
         level = argparse.Namespace(**{**vars(args), "concurrency": [c]})
-        cells += _each_spawned(level, modes, servers, details, notes, lambda url, mode, model: asyncio.run(
+        cells += _each_spawned(level, modes, servers, details, notes, lambda url, mode, model, level=level: asyncio.run(
             run_paired(url, f"{mode} A/A" if args.control else mode, _paired_extra(level), model, workloads, level)),
             name=f"-c{c}")
     return cells

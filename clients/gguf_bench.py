@@ -83,7 +83,7 @@ def layer_bench(repeats: int) -> tuple[float, Callable[[torch.Tensor], object], 
     best_gbs = 0.0
     for m in (1, 5, 16):
         x = torch.randn(m, k)
-        res = interleaved({name: (lambda name=name: call(name, x)) for name in copies}, repeats)
+        res = interleaved({name: (lambda name=name, x=x: call(name, x)) for name in copies}, repeats)
         cells = " | ".join(f"{res[name][0]:.3f} ({res[name][1]:.3f}), {nbytes[name] / res[name][0] / 1e6:.1f} GB/s"
                            for name in copies)
         ratios = " | ".join(f"{res[q][0] / res['int8'][0]:.2f}" for q in ("Q4_K", "Q6_K"))

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import specdec_core.engine.engine as engine_module  # noqa: E402
-from fault_hooks import fail_requests_mentioning  # noqa: E402
 import specdec_core.loading.loader as loader  # noqa: E402
+from fault_hooks import fail_requests_mentioning  # noqa: E402
 
 _released = threading.Event()
 

@@ -14,8 +14,8 @@ import random
 
 import pytest
 import torch
-from conftest import TEST_BLOCK, load, region, slot_runner
 
+from conftest import TEST_BLOCK, load, region, slot_runner
 from specdec_core.execution.kv_cache import contiguous_base
 from specdec_core.execution.linear_kernels import prepare_linear
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from playwright.sync_api import Page, sync_playwright
+
 from server_helpers import ServerProcess, tiny_args
 
 KEY = "sk-chat-page-5e1d0c9a"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import langchain_openai
 import pytest
 from pydantic import BaseModel, Field
+
 from server_helpers import ServerProcess
 
 

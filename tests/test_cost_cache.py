@@ -9,8 +9,8 @@ import logging
 from pathlib import Path
 
 import pytest
-from conftest import load, slot_runner
 
+from conftest import load, slot_runner
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.speculation.cost_cache import CostCache
 from specdec_core.speculation.cost_model import StepCostModel, calibrate

@@ -12,8 +12,8 @@ import random
 
 import pytest
 import torch
-from conftest import load, region, slot_runner
 
+from conftest import load, region, slot_runner
 from specdec_core.execution.decode_graphs import Bucket, batch_buckets, kv_bucket
 from specdec_core.execution.host_upload import HostUpload
 from specdec_core.execution.model_runner import ForwardItem
@@ -101,9 +101,8 @@ PROMPTS = ["def fibonacci(n):\n    if n < 2:\n", "The capital of France is", "1,
 def test_engine_output_is_the_same_with_decode_graphs_on_and_off(tiny_target, tiny_draft, quantize: str) -> None:
     """Draft speculation (k=4) over staggered requests, greedy and seeded sampled: the same tokens
     with the bucketed forwards as with the eager packed ones (same schedule, bit-equal rows)."""
-    from test_engine_greedy import run_staggered
-
     from specdec_core import Engine, EngineConfig, SamplingParams
+    from test_engine_greedy import run_staggered
 
     pair = (load(tiny_target), load(tiny_draft, role="draft"))
     outputs = {}

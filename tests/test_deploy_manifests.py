@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from server_helpers import FakeEngine
 
 from server.cli import GRACE_ENV, _subparser, build_parser, env_name
 from server.prometheus import ServerMetrics
 from server.routes import routes
+from server_helpers import FakeEngine
 from specdec_core.engine.config import CACHE_DIR_ENV
 
 MANIFEST = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes" / "specdec.yaml"

@@ -17,17 +17,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import load, region, slot_runner
 from gguf import GGMLQuantizationType, quants
 from scipy.stats import chisquare
 
 import specdec_core.speculation.tree_verifier as tree_verifier
 import specdec_core.speculation.verifier as verifier_module
+from conftest import load, region, slot_runner
 from specdec_core import Engine, EngineConfig, SamplingParams
+from specdec_core.decoding.sampling import RowParams, sample, warp
 from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
 from specdec_core.execution.gguf_weights import ATTRIBUTE
-from specdec_core.execution.model_runner import ForwardItem, ModelRunner
-from specdec_core.decoding.sampling import RowParams, sample, warp
+from specdec_core.execution.model_runner import ForwardItem
 from specdec_core.speculation.verifier import VerifyResult, verify
 
 VOCAB = 16

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 from packaging.utils import canonicalize_name
+
 from test_readme_quickstart import (
     PROJECT,
     code_blocks,

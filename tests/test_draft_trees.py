@@ -17,9 +17,9 @@ import random
 
 import pytest
 import torch
-from conftest import load, region, slot_runner
 
 import specdec_core.speculation.tree_verifier as tree_verifier
+from conftest import load, region, slot_runner
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 from specdec_core.speculation.draft_tree import DraftTree

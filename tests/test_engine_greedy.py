@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import drop_layers, load
 
+from conftest import drop_layers, load
 from specdec_core import Engine, EngineConfig, SamplingParams
 
 PROMPTS = [
@@ -171,7 +171,8 @@ def test_real_model_speculation_equals_decoding_alone(smol, quantize):
     from specdec_core.loading.loader import LoadedModel
 
     n = smol.model.config.num_hidden_layers
-    draft = LoadedModel(drop_layers(smol.model, [i for i in range(n) if i not in (n // 2 - 1, n // 2)]), smol.tokenizer, "smol-draft", smol.path)
+    kept = (n // 2 - 1, n // 2)
+    draft = LoadedModel(drop_layers(smol.model, [i for i in range(n) if i not in kept]), smol.tokenizer, "smol-draft", smol.path)
     prompts = smol_prompts(smol.tokenizer)
     params = SamplingParams(max_tokens=32, temperature=0.0)
     off = [engine((smol, None), "none", quantize=quantize).generate([p], params)[0].token_ids for p in prompts]
@@ -188,7 +189,8 @@ def test_real_model_matches_transformers_generate(smol):
     from specdec_core.loading.loader import LoadedModel
 
     n = smol.model.config.num_hidden_layers
-    draft = LoadedModel(drop_layers(smol.model, [i for i in range(n) if i not in (n // 2 - 1, n // 2)]), smol.tokenizer, "smol-draft", smol.path)
+    kept = (n // 2 - 1, n // 2)
+    draft = LoadedModel(drop_layers(smol.model, [i for i in range(n) if i not in kept]), smol.tokenizer, "smol-draft", smol.path)
     tok = smol.tokenizer
     prompts = smol_prompts(tok)
     params = SamplingParams(max_tokens=32, temperature=0.0)

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 import torch
+
 from conftest import load
 from fault_hooks import fail_batches_holding, fail_requests_mentioning
-
 from specdec_core import AsyncEngine, Engine, EngineConfig, EngineDeadError, SamplingParams
 from specdec_core.decoding.detokenizer import IncrementalDetokenizer
 

@@ -16,14 +16,14 @@ import random
 import numpy as np
 import pytest
 import torch
-from conftest import load, region, slot_runner
 from gguf import GGMLQuantizationType, quants
-from test_batch_invariance import MAX_LEN, NUM_DRAFTS, PROMPT_LEN, alone, others
-from test_gguf_blocks import blocks_for
 
+from conftest import load, region, slot_runner
 from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
 from specdec_core.execution.gguf_weights import ATTRIBUTE, gguf_source, read_block_weights
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+from test_batch_invariance import MAX_LEN, NUM_DRAFTS, PROMPT_LEN, alone, others
+from test_gguf_blocks import blocks_for
 
 T = GGMLQuantizationType
 CYCLE = [T.Q4_K, T.Q6_K, T.Q5_K, T.Q8_0]

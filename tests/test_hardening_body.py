@@ -11,11 +11,11 @@ import threading
 
 import httpx
 import pytest
-from server_helpers import ServerProcess
-from test_hardening_edge import HealthPoller
 
 from server.http import json_shape as shape_module
 from server.http.json_shape import json_shape
+from server_helpers import ServerProcess
+from test_hardening_edge import HealthPoller
 
 C = "/v1/completions"
 WAIT_S = 120.0

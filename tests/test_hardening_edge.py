@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from server_helpers import ServerProcess, serving, tiny_args
 from test_hardening_http import WAIT_S, closed_by_server, connect, exchange, read_answer, request
 

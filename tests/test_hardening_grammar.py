@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from server_helpers import ServerProcess, serving, tiny_args
 from test_hardening_edge import HealthPoller
 

@@ -21,6 +21,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from server.app import build_app
+from server.cli import parse_serve_args, settings_from_args
+from server.http.host_check import host_allowed
+from server.settings import ServerSettings
 from server_helpers import (
     REPO_ROOT,
     FakeEngine,
@@ -31,11 +36,6 @@ from server_helpers import (
     tiny_args,
     wait_until,
 )
-
-from server.app import build_app
-from server.cli import parse_serve_args, settings_from_args
-from server.http.host_check import host_allowed
-from server.settings import ServerSettings
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 P = {"model": "tiny", "prompt": "Hello", "max_tokens": 2}

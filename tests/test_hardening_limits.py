@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+import specdec_core
 from server_helpers import (
     TINY_MAX_MODEL_LEN,
     FakeEngine,
@@ -19,8 +21,6 @@ from server_helpers import (
     ThreadServer,
     tiny_args,
 )
-
-import specdec_core
 from specdec_core.decoding.detokenizer import IncrementalDetokenizer
 
 TEXT = "Grüße 👋🏽 from 東京! naïve café — ∑x² ✓ 🤖🤖 def f(x):\n    return x  # ок ünïcödé"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from server_helpers import TINY_MAX_NUM_SEQS, ServerProcess, metric_value, tiny_args, wait_until
 
 C = "/v1/completions"

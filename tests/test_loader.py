@@ -19,8 +19,8 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specdec_core.loading.default_models as default_models
-from specdec_core.execution import gguf_kernels
 import specdec_core.loading.loader as loader
+from specdec_core.execution import gguf_kernels
 from specdec_core.loading.default_models import DefaultModel, default_model_path, pip_requirements
 from specdec_core.loading.loader import (
     LoadedModel,

@@ -4,8 +4,8 @@ request fails: a request that cannot get blocks preempts a younger one, which is
 from __future__ import annotations
 
 import pytest
-from conftest import load
 
+from conftest import load
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.engine.kv_sizing import parse_size
 from specdec_core.execution.kv_cache import BlockPool, contiguous_base, token_rows
@@ -98,6 +98,7 @@ def test_an_open_webui_sized_prompt_is_served_with_default_settings(smol_gguf, t
     """Open WebUI sends ~7,000 tokens (its 36 built-in tools); with the context no longer capped
     at 2,048 by per-slot reservations, a server started without --max-model-len answers it."""
     import openai
+
     from server_helpers import ServerProcess
 
     srv = ServerProcess(["--model", str(smol_gguf), "--served-model-name", "smol", "--speculative-method", "ngram",

@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import load
 
+from conftest import load
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.engine.prefix_cache import ChunkHit, PrefixCache
 
@@ -159,8 +159,8 @@ def test_a_prompt_block_has_the_same_rows_however_the_prompt_is_chunked(tiny_tar
     at other block boundaries, or after a cached prefix gives every row the same logits, bit for
     bit (each block attends as its own segment)."""
     import torch
-    from conftest import TEST_BLOCK, region, slot_runner
 
+    from conftest import TEST_BLOCK, region, slot_runner
     from specdec_core.execution.model_runner import ForwardItem
 
     model = load(tiny_target).model

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import load
 
+from conftest import load
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.engine.outputs import RequestOutput, TokenLogprob
 

@@ -4,10 +4,10 @@ piece of the text each token wrote, exact under held-back stop-string text and s
 from __future__ import annotations
 
 import pytest
-from conftest import load
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import load
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.decoding.detokenizer import IncrementalDetokenizer
 from specdec_core.engine.provenance import TARGET, TextProvenance, token_sources

@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from server_helpers import ServerProcess, tiny_args
 
 from server.ray_serve import REPLICA_HEADER, RayScaling, deployment_options
 from server.settings import ServerSettings
+from server_helpers import ServerProcess, tiny_args
 
 MODEL = "tiny"
 MESSAGES = [{"role": "user", "content": "Tell me a story about a fox."}]
@@ -90,7 +90,7 @@ def test_both_replicas_take_requests(ray_server: ServerProcess) -> None:
     with httpx.Client(base_url=ray_server.url, timeout=120) as http:
         for _ in range(8):  # a handful of concurrent waves; Ray spreads them over the replicas
             replies: list[httpx.Response] = []
-            threads = [threading.Thread(target=lambda: replies.append(http.post(
+            threads = [threading.Thread(target=lambda replies=replies: replies.append(http.post(
                 "/v1/completions", json={"model": MODEL, "prompt": "Hello", "max_tokens": 4}))) for _ in range(4)]
             [t.start() for t in threads]
             [t.join() for t in threads]

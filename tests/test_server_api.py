@@ -10,6 +10,7 @@ import subprocess
 import httpx
 import openai
 import pytest
+
 from server_helpers import ServerProcess, metric_value, parse_sse
 
 MODEL = "tiny"

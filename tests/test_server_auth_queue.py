@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+
 from server_helpers import ServerProcess, metric_value, parse_sse, tiny_args
 
 KEY = "sk-test-3f9c2a7e51d04b8c"

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from server_helpers import REPO_ROOT
 
 from server.cli import parse_serve_args, settings_from_args
+from server_helpers import REPO_ROOT
 
 FLAGS = [
     "--model", "--draft-model", "--speculative-method", "--num-speculative-tokens", "--host", "--port",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from server_helpers import ServerProcess, serving, tiny_args
 
 ORIGIN = "http://app.example:3000"

@@ -7,6 +7,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+
 from server_helpers import TINY_MAX_MODEL_LEN, ServerProcess
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"

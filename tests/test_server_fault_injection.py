@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from server_helpers import (
     ServerProcess,
     metric_value,

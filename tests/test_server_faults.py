@@ -11,10 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_helpers import FakeEngine, Script, ThreadServer, parse_sse
 
 from server.app import build_app
 from server.settings import ServerSettings
+from server_helpers import FakeEngine, Script, ThreadServer, parse_sse
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 BODY = {"model": "fake", "prompt": "hello", "max_tokens": 5}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from server_helpers import ServerProcess, parse_sse, tiny_args
 
 

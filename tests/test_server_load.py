@@ -6,6 +6,7 @@ import asyncio
 
 import httpx
 import openai
+
 from server_helpers import TINY_MAX_NUM_SEQS, ServerProcess, metric_value, wait_until
 
 MODEL = "tiny"

@@ -9,6 +9,7 @@ import json
 import httpx
 import openai
 import pytest
+
 from server_helpers import ServerProcess, parse_sse
 
 MODEL = "tiny"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import openai
 import pytest
+
 from server_helpers import ServerProcess
 
 pytestmark = pytest.mark.slow

@@ -8,15 +8,15 @@ import json
 import httpx
 import jsonschema
 import pytest
-from server_helpers import ServerProcess
 
+from server.generation.prompts import template_messages
 from server.http.errors import APIError
 from server.openai.openapi import REF, openapi_document
 from server.openai.parsing import parse_body
 from server.openai.schemas.base import SEED_MAX, SEED_MIN
 from server.openai.schemas.chat import ChatCompletionRequest
 from server.openai.schemas.completions import CompletionRequest
-from server.generation.prompts import template_messages
+from server_helpers import ServerProcess
 
 P = {"prompt": "Hello"}
 M = {"messages": [{"role": "user", "content": "Hello"}]}
@@ -49,7 +49,8 @@ REFUSED = [
     (CompletionRequest, {**P, "stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage", ["boolean"]),
     (ChatCompletionRequest, {"messages": [{"role": {}, "content": "hi"}]}, "messages[0].role", ["must be one of", "{}"]),
     (ChatCompletionRequest, {"messages": [{"role": ["user"], "content": "hi"}]}, "messages[0].role", ["must be one of"]),
-    (ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}, "messages[0].content[0].text", ["string"]),
+    (ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]},
+     "messages[0].content[0].text", ["string"]),
     (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x", "name": 3}]}, "messages[0].name", ["string"]),
     (ChatCompletionRequest, {"messages": [{"role": "user", "content": None}]}, "messages[0].content", ["required"]),
     (ChatCompletionRequest, {"messages": {"role": "user"}}, "messages", ["must be an array", "object"]),

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
+
 from server_helpers import ServerProcess, parse_sse
 
 PATHS = {"CompletionRequest": "/v1/completions", "ChatCompletionRequest": "/v1/chat/completions"}

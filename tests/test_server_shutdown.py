@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
 from server_helpers import ServerProcess, parse_sse, tiny_args
 
 LAUNCHER = ["tests/held_step_server.py"]

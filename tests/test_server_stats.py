@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from server.prometheus import EngineCollector
 from server.openai.bodies import speculative_summary
-from specdec_core.engine.stats import EngineMetrics, acceptance_rate, mean_accepted_length
+from server.prometheus import EngineCollector
 from specdec_core.engine.outputs import RequestStats
+from specdec_core.engine.stats import EngineMetrics, acceptance_rate, mean_accepted_length
 
 
 def test_request_stats_total_sums_choices_and_skips_unfinished() -> None:

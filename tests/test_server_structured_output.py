@@ -10,6 +10,7 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
+
 from server_helpers import ServerProcess
 
 MODEL = "tiny"

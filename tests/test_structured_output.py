@@ -14,20 +14,19 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import jsonschema
 import pytest
 import torch
-from conftest import load, region, slot_runner
-from test_distribution import SAMPLES, VOCAB, _build, biased_verify, chi_square_p
 
 import specdec_core.speculation.verifier as verifier_module
-from specdec_core.speculation.ngram import NgramProposer
+from conftest import load, region, slot_runner
 from specdec_core import Engine, EngineConfig, SamplingParams
-from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 from specdec_core.decoding.sampling import RowParams, warp
 from specdec_core.decoding.structured_output import StructuredOutput
+from specdec_core.execution.model_runner import ForwardItem
+from specdec_core.speculation.ngram import NgramProposer
+from test_distribution import SAMPLES, VOCAB, _build, biased_verify, chi_square_p
 
 # Finite by construction (enums, booleans, bounded arrays, bounded whitespace runs): even a random
 # model must finish it, so every output can be checked against the schema.

@@ -163,9 +163,8 @@ def test_without_parallel_calls_only_the_first_call_is_kept_whole_or_streamed() 
 
 def test_the_chat_renderer_keeps_one_call_and_opens_tool_streams_with_null_content(smol_tok) -> None:
     from server.generation.submission import Choice
-    from server.openai.renderers import ChatRenderer
     from server.openai.bodies import TokenText
-
+    from server.openai.renderers import ChatRenderer
     from server.tools.schema import Tool
     from server.tools.tool_use import ToolUse
 

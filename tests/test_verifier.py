@@ -31,7 +31,7 @@ def test_greedy_fast_path_equals_one_hot_rejection_rule():
                 tok[b, j] = x
             row += len(d) + 1
         general = verify(p, q, tok, torch.tensor(ks), torch.rand(bsz, k_max, generator=gen), torch.rand(bsz, generator=gen))
-        rows = torch.tensor([start + min(j, k) for start, k in zip(torch.tensor(ks).add(1).cumsum(0).sub(torch.tensor(ks).add(1)).tolist(), ks)
-                             for j in range(k_max + 1)]).view(bsz, k_max + 1)
+        starts = torch.tensor(ks).add(1).cumsum(0).sub(torch.tensor(ks).add(1)).tolist()
+        rows = torch.tensor([start + min(j, k) for start, k in zip(starts, ks) for j in range(k_max + 1)]).view(bsz, k_max + 1)
         fast = verify_greedy(argmax[rows], tok, torch.tensor(ks))
         assert torch.equal(fast.num_accepted, general.num_accepted) and torch.equal(fast.final_token, general.final_token)
