@@ -11,16 +11,21 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 
-CSRC = "specdec_core/execution/csrc/"
-KERNEL_FILES = ("gguf_gemm.c", "gguf_act_quant.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c", "gguf_x8_q6k.c", "gguf_threads.c", "row_attention.c", "row_ops.c", "gguf_kernels.h", "gguf_x8_common.h", "row_math.h")  # gguf_kernels.SOURCES + HEADERS
-SOURCES_HASH = hashlib.sha256(b"".join((Path(__file__).parent / CSRC / f).read_bytes() for f in KERNEL_FILES)).hexdigest()[:16]
+CSRC = Path(__file__).parent / "specdec_core" / "execution" / "csrc"
+# The folder is the list, read as ``gguf_kernels.SOURCES`` and ``HEADERS`` read it (that module
+# imports torch, which setup.py cannot need): every C file but the Python module wrapper, every header.
+PY_MODULE = "gguf_module.c"
+SOURCES = sorted(p.name for p in CSRC.glob("*.c") if p.name != PY_MODULE)
+HEADERS = sorted(p.name for p in CSRC.glob("*.h"))
+SOURCES_HASH = hashlib.sha256(b"".join((CSRC / f).read_bytes() for f in SOURCES + HEADERS)).hexdigest()[:16]
+RELATIVE = "specdec_core/execution/csrc/"  # setuptools wants paths relative to setup.py
 
 setup(
     ext_modules=[
         Extension(
             "specdec_core.execution._gguf_kernels",
-            sources=[CSRC + name for name in ("gguf_module.c", "gguf_gemm.c", "gguf_act_quant.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c", "gguf_x8_q6k.c", "gguf_threads.c", "row_attention.c", "row_ops.c")],
-            depends=[CSRC + "gguf_kernels.h", CSRC + "gguf_x8_common.h", CSRC + "row_math.h"],
+            sources=[RELATIVE + name for name in [PY_MODULE, *SOURCES]],
+            depends=[RELATIVE + name for name in HEADERS],
             # no FMA contraction: a row's float steps must be the same in every tile instantiation
             extra_compile_args=["-O3", "-ffp-contract=off", "-pthread", f'-DSD_SOURCES_HASH="{SOURCES_HASH}"'],
             extra_link_args=["-pthread"],

@@ -11,6 +11,8 @@ Every format runs on both the AVX2 kernels (where the CPU has them) and the port
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -231,3 +233,13 @@ def test_unsupported_format_or_length_refused():
         GGUFLinear([BlockWeight(int(T.Q4_K), torch.zeros(4, 54, dtype=torch.uint8), k)], None)
     with pytest.raises(ValueError):
         GGUFLinear([BlockWeight(int(T.Q2_K), torch.zeros(4, 84, dtype=torch.uint8), 256)], None)
+
+
+def test_the_extension_built_at_install_is_the_sources_the_module_would_compile():
+    """setup.py and ``gguf_kernels`` each read csrc/'s file list (setup.py cannot import torch):
+    a library built at install from other files or in another order would report another hash,
+    and every start would compile the kernels afresh into the cache instead of loading it."""
+    installed = gguf_kernels._installed_extension()
+    if installed is None:
+        pytest.skip("the optional extension was not built at install (no C compiler then)")
+    assert gguf_kernels._built_from(ctypes.CDLL(str(installed))) == gguf_kernels.sources_hash()

@@ -28,11 +28,13 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("gguf_gemm.c", "gguf_act_quant.c", "gguf_scalar.c", "gguf_avx2.c", "gguf_x8.c", "gguf_x8_32.c", "gguf_x8_q6k.c",
-           "gguf_threads.c", "row_attention.c", "row_ops.c")
-HEADERS = ("gguf_kernels.h", "gguf_x8_common.h", "row_math.h")
-CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 CSRC = Path(__file__).with_name("csrc")
+# Every C file of csrc/ but the Python module wrapper that only setup.py's extension needs, and every
+# header: the folder is the list (setup.py reads it the same way, and both hash it in this order).
+PY_MODULE = "gguf_module.c"
+SOURCES = tuple(sorted(p.name for p in CSRC.glob("*.c") if p.name != PY_MODULE))
+HEADERS = tuple(sorted(p.name for p in CSRC.glob("*.h")))
+CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 
 # GGML type ids (``gguf.GGMLQuantizationType``) the kernels execute.
 SUPPORTED_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
