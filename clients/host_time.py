@@ -15,7 +15,7 @@ the commit, the target and draft forwards, and the cyclic garbage collector by g
 
 Found with it (2026-11-27): the suffix tries' node objects made an 'on' request trigger the
 collector every other step, and a full collection (~315 ms beside the default pair's startup
-objects) inside a lookup; 'off' never paid it (docs/benchmarks.md).
+objects) inside a lookup; 'off' never paid it (docs/speculation-measurements.md).
 """
 
 from __future__ import annotations
