@@ -5,7 +5,10 @@ prompt recomputed: the case of a chat app resending its history, or an agent res
 One engine (the embedded default pair unless ``--model``) answers a long prompt (a source file of
 this repository, ``--prefix-tokens`` tokens of it, plus a question), then a second prompt with the
 same prefix and another question, once with the cache and once with it switched off, then with it
-again. Prints each time to first token and how many prompt tokens the cache served.
+again. Then a conversation: a shorter prompt answered in ``--answer-tokens`` tokens, and the next
+turn, which re-sends that answer, with the answer's blocks shared and not (``share_outputs``;
+each in a cache of its own, ``cache_salt``). Prints each time to first token and how many prompt
+tokens the cache served.
 
     python clients/prefix_cache_ttft.py
     python clients/prefix_cache_ttft.py --model SmolLM2-135M-Instruct.Q4_1.gguf --prefix-tokens 1100
@@ -28,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft-model", default=None)
     p.add_argument("--prefix-tokens", type=int, default=1100, help="shared prompt tokens (cut from SOURCE)")
     p.add_argument("--prefill-chunk-size", type=int, default=512)
+    p.add_argument("--answer-tokens", type=int, default=128, help="the conversation's first answer")
     args = p.parse_args(argv)
     eng = Engine(EngineConfig(model=args.model, draft_model=args.draft_model, max_num_seqs=4, seed=0,
                               prefill_chunk_size=args.prefill_chunk_size), progress=False)
@@ -35,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     questions = [eng.tokenizer.encode(f"\n# Question: {q}\n") for q in ("what does step() do?", "where are requests retired?")]
     params = SamplingParams(max_tokens=8, temperature=0.0)
 
-    def ttft(prompt: list[int]) -> tuple[float, int]:
+    def ttft(prompt: list[int], params: SamplingParams = params) -> tuple[float, int]:
         req = eng.make_request(prompt, params)
         eng.add_request(req)
         t0, first = time.perf_counter(), None
@@ -52,6 +56,18 @@ def main(argv: list[str] | None = None) -> int:
     print("%-32s TTFT %6.2f s, %5d prompt tokens from the cache" % (("second prompt, cache off",) + ttft(shared + questions[1])))
     eng.scheduler.prefix = cache
     print("%-32s TTFT %6.2f s, %5d prompt tokens from the cache" % (("second prompt, cache on again",) + ttft(shared + questions[1])))
+    sharing = eng.scheduler.share_outputs  # False where rows share attention calls (nothing to compare)
+    for share in sorted({False, sharing}):
+        eng.scheduler.share_outputs = share
+        salt = f"answers-shared-{share}"
+        first = shared[:256] + questions[0]
+        answer = eng.generate([first], SamplingParams(max_tokens=args.answer_tokens, temperature=0.0, ignore_eos=True,
+                                                      cache_salt=salt))[0].token_ids
+        name = f"next turn, answer {'shared' if share else 'not shared'}"
+        print("%-32s TTFT %6.2f s, %5d prompt tokens from the cache (%d answered)" % (
+            (name,) + ttft(first + answer + questions[1], SamplingParams(max_tokens=8, temperature=0.0, cache_salt=salt))
+            + (len(answer),)))
+    eng.scheduler.share_outputs = sharing
     return 0
 
 

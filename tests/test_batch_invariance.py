@@ -150,12 +150,15 @@ def test_int8_rows_are_close_to_fp32(models):
 @pytest.mark.slow
 def test_negative_control_drafts_attended_as_one_block_differ(models):
     """The check above can fail: attending the drafts together with the known token (one causal
-    block, as a packed mask does) changes their logits in the last bits on real weights."""
+    block through torch's SDPA, as a packed mask does, and as prompt blocks were attended before
+    every row got its own call) changes their logits in the last bits on real weights."""
     run = runner(models["smollm2"], "none")
     rng = random.Random(5)
     prompt = [rng.randrange(run.vocab_size) for _ in range(PROMPT_LEN)]
     follow = [rng.randrange(run.vocab_size) for _ in range(NUM_DRAFTS + 1)]
     _, ref_steps = alone(run, prompt, follow)
+    assert run.rows_alone
+    run.row_attention = False  # every known block one SDPA call
     run.forward([ForwardItem(region(1, MAX_LEN), 0, prompt, 1)])
     block = run.forward([ForwardItem(region(1, MAX_LEN), PROMPT_LEN, follow, NUM_DRAFTS + 1, num_drafts=0)])
     assert not torch.equal(block, ref_steps)

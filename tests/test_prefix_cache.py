@@ -156,8 +156,8 @@ def test_a_prefix_shorter_than_a_chunk_is_reused_block_by_block(pair):
 @pytest.mark.parametrize("quantize", ["none", "int8"])
 def test_a_prompt_block_has_the_same_rows_however_the_prompt_is_chunked(tiny_target, quantize):
     """What lets the cache share any full block: a prompt computed in one forward, in chunks cut
-    at other block boundaries, or after a cached prefix gives every row the same logits, bit for
-    bit (each block attends as its own segment)."""
+    at other block boundaries, after a cached prefix, or a token at a time as decoding feeds
+    them gives every row the same logits, bit for bit (each row attends on its own)."""
     import torch
 
     from conftest import TEST_BLOCK, region, slot_runner
@@ -169,7 +169,7 @@ def test_a_prompt_block_has_the_same_rows_however_the_prompt_is_chunked(tiny_tar
     # cuts, so one call per chunk would give some rows other bits (checked: this test then fails)
     prompt = [rng.randrange(3, 40000) for _ in range(600)]
     runs = []
-    for cuts in ([0, 600], [0, 208, 512, 600], [0, TEST_BLOCK, 592, 600]):
+    for cuts in ([0, 600], [0, 208, 512, 600], [0, TEST_BLOCK, 592, 600], [0, 520, *range(521, 601)]):
         runner = slot_runner(model, 1, 640, vocab_size=model.config.vocab_size, quantize=quantize)
         rows = [runner.forward([ForwardItem(region(0, 640), a, prompt[a:b], b - a)]) for a, b in zip(cuts, cuts[1:])]
         runs.append(torch.cat(rows))
@@ -190,3 +190,39 @@ def test_a_cache_salt_shares_blocks_only_with_the_same_salt(pair):
         assert run_one(eng, second, SamplingParams(**greedy, cache_salt=salt)).stats.cached_tokens == 0
     with pytest.raises(ValueError, match="cache_salt"):
         SamplingParams(cache_salt="")
+
+
+@pytest.mark.parametrize("attention", ["segments", "packed"])
+@pytest.mark.parametrize("params", [SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, logprobs=1),
+                                    SamplingParams(max_tokens=20, temperature=1.0, seed=4, ignore_eos=True, logprobs=1)],
+                         ids=["greedy", "seeded"])
+def test_a_later_turn_finds_the_answer_it_resends_cached_and_gets_a_recompute(pair, attention, params):
+    """Chat apps and agents re-send the model's earlier answers. Where every row attends on its
+    own (``rows_alone``: the CPU's segments), the rows decoding wrote are the rows a prefill of
+    the same tokens computes, so the next turn takes them from the cache and gets exactly the
+    logits and tokens of a cold recompute. Where rows share attention calls (packed attention),
+    only the prompt's chunks are shared. fp32, where a last-bit difference in a cached row shows
+    in the log-probabilities (int8 rounds the activations, and such differences with them):
+    with block segments for prompts, as before, the seeded and greedy cases here fail."""
+    rng = random.Random(6)
+    first = [rng.randrange(3, 40000) for _ in range(13)]
+
+    def turn(eng: Engine, prompt: list[int]) -> tuple[int, list[int], list[float]]:
+        req = eng.make_request(prompt, params)
+        eng.add_request(req)
+        logprobs = []
+        while eng.has_unfinished():
+            logprobs += [lp.logprob for out in eng.step() for lp in out.logprobs or []]
+        return req.stats.cached_tokens, req.output_ids, logprobs
+
+    warm = engine(pair, caching=True, quantize="none", attention=attention)
+    assert warm.scheduler.share_outputs == (attention == "segments")
+    answer = turn(warm, first)[1]
+    second = first + answer + [rng.randrange(3, 40000) for _ in range(5)]  # the next turn
+    cached, tokens, logprobs = turn(warm, second)
+    _, want_tokens, want_logprobs = turn(engine(pair, caching=False, quantize="none", attention=attention), second)
+    # 13 prompt tokens and 19 of the 20 answered have rows (the last is never fed): 8 blocks of 4;
+    # the prompt's own: 3 blocks
+    assert cached == (32 if attention == "segments" else 12)
+    assert tokens == want_tokens and len(logprobs) == 20
+    assert logprobs == want_logprobs  # exact floats, not within a tolerance

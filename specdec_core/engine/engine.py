@@ -6,8 +6,7 @@ A step, for the requests the scheduler picked (``step`` names each phase):
             make the step's committed tokens per second highest, from measured costs;
   propose:  the proposers draft (one batched draft-model forward per draft position) and mirror
             prefill chunks into the draft model's cache;
-  forward:  one packed target forward scores every request's last token + drafts, and prefill
-            chunks;
+  forward:  one packed target forward scores every request's last token + drafts, and prefill chunks;
   verify:   one vectorised verification decides, for all requests at once, how many drafts
             survive and which token follows them;
   commit:   tokens are appended, stop conditions checked, caches rolled back by length.
@@ -147,7 +146,8 @@ class Engine:
                  ("captured per bucket" if capture else "padded, eager")
                  if self.target.graphs is not None else "off")
         self.scheduler = Scheduler(config.max_num_seqs, config.prefill_chunk_size, BlockPool(self.kv.num_blocks),
-                                   self.kv.block_size, config.enable_prefix_caching)
+                                   self.kv.block_size, config.enable_prefix_caching,
+                                   share_outputs=all(r.rows_alone for r in (self.target, self.draft_runner) if r))
         self.metrics = EngineMetrics()
         self._seed_rng = torch.Generator().manual_seed(config.seed if config.seed is not None else int(time.time_ns() % 2**31))
         self.costs, self.cost_cache = step_costs(config, self.target, self.draft_runner, target, draft,

@@ -14,7 +14,10 @@ block's end (``ModelRunner._segments``), so the rows of every *full* prompt bloc
 rows a recompute would produce, bit for bit on the CPU, however either prompt was chunked, and a
 request that reuses them gets the logits it would get without the cache. (A partial block would
 not do: measured here, an attention call's rows change in the last bits with the rows computed
-beside them.) Rows the decoding wrote are never shared, for the same reason.
+beside them.) Where every row attends on its own (``ModelRunner.rows_alone``, the CPU's row
+kernel), the rows the decoding wrote are those a prefill of the same tokens computes, so a
+request's output blocks are recorded too (``tokens`` = prompt and output): the next turn of a
+chat, which re-sends the answer, finds it cached.
 
 A unit is keyed by a hash chain over the prompt up to its end (vLLM's block hashes), so one
 lookup per unit finds the longest cached prefix. A request's ``cache_salt`` (vLLM's extension)
@@ -78,17 +81,18 @@ class PrefixCache:
             hits.append(ChunkHit(*best))
         return hits
 
-    def record(self, blocks: list[int], prompt: list[int], computed: int, draft_computed: int,
+    def record(self, blocks: list[int], tokens: list[int], computed: int, draft_computed: int,
                recorded: tuple[int, int], salt: str | None = None) -> tuple[int, int]:
         """A request with table ``blocks`` has ``computed`` target and ``draft_computed`` draft
-        positions in the cache: register its full prompt chunks among them. ``recorded`` is what
-        was registered before (target and draft chunks); returns the new count."""
-        full = min(computed, len(prompt)) // self.chunk
+        positions of ``tokens`` (its prompt, or its prompt and output where decoded rows are
+        shared) in the cache: register the full chunks among them. ``recorded`` is what was
+        registered before (target and draft chunks); returns the new count."""
+        full = min(computed, len(tokens)) // self.chunk
         drafted = min(draft_computed, full * self.chunk) // self.chunk
         if (full, drafted) == recorded:
             return recorded
         per = self.blocks_per_chunk
-        for i, key in enumerate(self.chunk_keys(prompt, full * self.chunk, salt)):
+        for i, key in enumerate(self.chunk_keys(tokens, full * self.chunk, salt)):
             holder = tuple(blocks[i * per:(i + 1) * per])
             if i >= recorded[0] or (recorded[1] <= i < drafted):
                 self._holders.setdefault(key, {})[holder] = i < drafted

@@ -15,6 +15,7 @@ so how much is prefilled per step never depends on what else is running. The for
 prompt block by block (``ModelRunner._segments``), so a full block's rows are the same however the
 prompt was chunked: every full prompt block in the cache is reusable by a later request with the
 same prefix (``PrefixCache``): admission hands such a request the blocks that hold it, or a copy.
+Where every row attends on its own (``share_outputs``), so are the blocks of its output.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from specdec_core.execution.kv_cache import BlockPool, blocks_for
 
 class Scheduler:
     def __init__(self, max_num_seqs: int, prefill_chunk: int, pool: BlockPool, block_size: int,
-                 prefix_caching: bool = True) -> None:
+                 prefix_caching: bool = True, share_outputs: bool = False) -> None:
+        """``share_outputs``: the rows decoding writes are the rows a prefill of the same tokens
+        computes (``ModelRunner.rows_alone``), so the prefix cache records output chunks too."""
         self.max_num_seqs = max_num_seqs
         self.prefill_chunk = prefill_chunk
         self.pool = pool
@@ -38,6 +41,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.prefix = PrefixCache(block_size, block_size) if prefix_caching else None
+        self.share_outputs = share_outputs
         self.num_preemptions = 0
 
     def add(self, req: Request) -> None:
@@ -147,19 +151,23 @@ class Scheduler:
         req.recorded_chunks = (0, 0)
 
     def record_cached(self, req: Request) -> None:
-        """After a step: the request's full prompt blocks now in the cache become reusable."""
+        """After a step, and as a request finishes: its full blocks now in the cache (of its
+        prompt, and of its output where outputs are shared) become reusable."""
         if self.prefix is not None and req.blocks:
-            req.recorded_chunks = self.prefix.record(req.blocks, req.prompt_ids, req.num_computed,
+            tokens = req.all_ids if self.share_outputs else req.prompt_ids
+            req.recorded_chunks = self.prefix.record(req.blocks, tokens, req.num_computed,
                                                      req.draft_computed, req.recorded_chunks, req.params.cache_salt)
 
     def remove(self, req: Request) -> None:
-        """Drop a finished or aborted request and free its blocks at once (their prompt chunks
-        stay findable until the blocks are handed out again)."""
+        """Drop a finished or aborted request and free its blocks at once. Its chunks, the last
+        step's included, stay findable until the blocks are handed out again: its cache holds
+        ``all_ids[:num_computed]`` whatever stopped it."""
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
         if req.blocks:
+            self.record_cached(req)
             self._release(req)
 
     def find(self, request_id: str) -> Request | None:

@@ -158,6 +158,15 @@ class ModelRunner:
         position, which a tree does not follow."""
         return self.native is not None and self.attention == "segments"
 
+    @property
+    def rows_alone(self) -> bool:
+        """Every row of a forward, prompt rows included, is attended by its own call over exactly
+        its request's keys up to it (``RowAttention``), and every other op is row-invariant: a
+        position's keys and values depend only on the tokens up to it, never on whether they
+        were prefilled, decoded, drafted or reused, so the prefix cache may share rows the
+        decoding wrote (a later turn that re-sends an answer finds it cached)."""
+        return self.native is not None and self.row_attention
+
     def forward(self, items: list[ForwardItem]) -> torch.Tensor:
         """Return float32 logits ``[sum(num_logits), vocab_size]`` in item order (one upload)."""
         upload = HostUpload()
@@ -221,12 +230,16 @@ class ModelRunner:
         return self._plan_packed_attention(items, upload)
 
     def _segments(self, items: list[ForwardItem], upload: HostUpload) -> tuple[list[tuple[int, int, int, int, int]], list[Ref]]:
-        """A request's known tokens are cut into attention segments at absolute block
-        boundaries (a block's rows over the keys up to the block's end), and every draft is a
-        segment of its own: a draft is scored by exactly the call that would score it if it were
-        decoded alone, and a full block of a prompt gets the same rows however the prompt was
-        chunked or how much of it came from the prefix cache (which can so reuse any full
-        block). A request whose blocks are not one run gets its rows gathered (once per layer)."""
+        """Where the row kernel runs (``rows_alone``), every row is a segment of its own over
+        its keys up to it. Elsewhere a request's known tokens are cut into attention segments at
+        absolute block boundaries (a block's rows over the keys up to the block's end), and every
+        draft is a segment of its own. Either way a draft is scored by exactly the call that
+        would score it if it were decoded alone, and a full block of a prompt gets the same rows
+        however the prompt was chunked or how much of it came from the prefix cache (which can so
+        reuse any full block); with rows alone, also the rows decoding gives the same tokens
+        (measured on the default pair: prefill 0.98-1.01x the time of block segments at
+        128-2048 tokens). A request whose blocks are not one run gets its rows gathered (once
+        per layer)."""
         segments: list[tuple[int, int, int, int, int]] = []
         gathers: list[Ref] = []
         row, bs = 0, self.cache.block_size
@@ -239,7 +252,7 @@ class ModelRunner:
             known_end = end - it.num_drafts
             pos = it.start
             while pos < known_end:
-                stop = min(known_end, (pos // bs + 1) * bs)
+                stop = pos + 1 if self.rows_alone else min(known_end, (pos // bs + 1) * bs)
                 segments.append((row + pos - it.start, stop - pos, base, stop, group))
                 pos = stop
             row += known_end - it.start
