@@ -4,12 +4,13 @@
   feeds in a step (its last token, or a prompt chunk) form one segment per KV block they fall in
   (so a prompt block's rows never depend on how the prompt was chunked), or one per row where
   ``RowAttention`` runs (so a prompt's rows are also those decoding gives the same tokens), and
-  every draft token a segment of its own, each reading exactly its request's keys ``[0, position]`` (a slice of the
-  cache where the request's blocks are consecutive, else rows gathered once per request and
-  layer: the same values in the same shapes either way). A segment's
-  shapes depend only on its own request, never on the batch, and a draft token is scored by
-  exactly the call that would score it if it were decoded alone later: rows are bit-identical
-  alone and batched, and verifying k drafts gives the logits k plain decode steps would give.
+  every draft token a segment of its own, each reading exactly its request's keys
+  ``[0, position]`` (a slice of the cache where the request's blocks are consecutive, else rows
+  gathered once per request and layer: the same values in the same shapes either way). A
+  segment's shapes depend only on its own request, never on the batch, and a draft token is
+  scored by exactly the call that would score it if it were decoded alone later: rows are
+  bit-identical alone and batched, and verifying k drafts gives the logits k plain decode steps
+  would give.
   (Measured here: a CPU matmul's row changes in the last bits with the number of rows it is
   computed with, so a call shared by rows of several requests could not promise that.)
   Where the C kernels run (float32 on an AVX2 CPU), every one-row segment (a decode row, a
