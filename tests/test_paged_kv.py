@@ -19,9 +19,9 @@ def pair(tiny_target, tiny_draft):
     return load(tiny_target), load(tiny_draft, role="draft")
 
 
-def make(pair, **kw) -> Engine:
+def make(pair, quantize: str = "int8", **kw) -> Engine:
     config = EngineConfig(speculative_method="draft", num_speculative_tokens=3, adaptive_speculation=False, seed=0,
-                          quantize="int8", **kw)
+                          quantize=quantize, **kw)
     return Engine.from_loaded(config, pair[0], pair[1])
 
 
@@ -78,6 +78,32 @@ def test_requests_that_outgrow_the_pool_preempt_and_all_finish_as_alone(pair):
     assert tight.metrics.num_preemptions > 0
     assert [c.token_ids for c in got] == want
     assert tight.scheduler.pool.num_free == tight.scheduler.pool.num_blocks
+
+
+def test_a_preempted_request_recomputes_exactly_the_rows_it_had(pair):
+    """On the CPU every row attends on its own, so the recompute of a preempted request (its
+    prompt and output, fed as prompt chunks) gives the very rows its decoding wrote: in fp32,
+    where a last-bit difference shows, every request's log-probabilities equal those it gets
+    alone, float for float. (With prompts in block segments, as before, they did not.)"""
+    prompts = [[3 + (s * 131 + i * 17) % 40000 for i in range(20 + s)] for s in range(6)]
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True, logprobs=1)
+
+    def logprobs(eng: Engine, batch: list[list[int]]) -> list[list[float]]:
+        reqs = [eng.make_request(p, params) for p in batch]
+        for r in reqs:
+            eng.add_request(r)
+        got: dict[str, list[float]] = {r.request_id: [] for r in reqs}
+        while eng.has_unfinished():
+            for out in eng.step():
+                got[out.request_id] += [lp.logprob for lp in out.logprobs or []]
+        return [got[r.request_id] for r in reqs]
+
+    roomy = make(pair, "none", max_model_len=128)
+    want = [logprobs(roomy, [p])[0] for p in prompts]
+    tight = make(pair, "none", max_model_len=128, max_num_seqs=6, kv_cache_memory=str(176 * BYTES_PER_TOKEN))
+    got = logprobs(tight, prompts)
+    assert tight.metrics.num_preemptions > 0 and all(len(g) == 60 for g in got)
+    assert got == want
 
 
 def open_webui_tools(count: int = 36) -> list[dict]:
