@@ -170,6 +170,24 @@ def load(path: Path | str, **kwargs):
                       cache_dir=Path(os.environ["SPECDEC_CACHE_DIR"]), progress=False, **kwargs)
 
 
+def run_to_end(eng, prompts: list, params) -> list:
+    """Submit ``prompts`` to an ``Engine`` at once and step it until they finish: each request
+    with every delta it emitted, in the prompts' order."""
+    reqs = [eng.make_request(p, params) for p in prompts]
+    for r in reqs:
+        eng.add_request(r)
+    deltas: dict[str, list] = {r.request_id: [] for r in reqs}
+    while eng.has_unfinished():
+        for out in eng.step():
+            deltas[out.request_id].append(out)
+    return [(r, deltas[r.request_id]) for r in reqs]
+
+
+def logprob_values(deltas: list) -> list[float]:
+    """The emitted tokens' log-probabilities over a request's deltas."""
+    return [lp.logprob for out in deltas for lp in out.logprobs or []]
+
+
 TEST_BLOCK = 16  # KV block size of the runners built in tests
 
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import torch
 
-from conftest import load
+from conftest import load, run_to_end
 from fault_hooks import fail_batches_holding, fail_requests_mentioning
 from specdec_core import AsyncEngine, Engine, EngineConfig, EngineDeadError, SamplingParams
 from specdec_core.decoding.detokenizer import IncrementalDetokenizer
@@ -133,12 +133,8 @@ def test_logprobs_come_from_the_target(pair):
     target = pair[0]
     # fp32: the reference below is the transformers model in fp32.
     eng = make(pair, num_speculative_tokens=3, adaptive_speculation=False, quantize="none")
-    req = eng.make_request(PROMPTS[2], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3))
-    eng.add_request(req)
-    got = []
-    while eng.has_unfinished():
-        for out in eng.step():
-            got += out.logprobs or []
+    [(req, deltas)] = run_to_end(eng, [PROMPTS[2]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3))
+    got = [lp for out in deltas for lp in out.logprobs or []]
     assert [lp.token_id for lp in got] == req.output_ids
     ids = torch.tensor([req.all_ids[:-1]])
     with torch.inference_mode():

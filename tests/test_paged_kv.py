@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import load
+from conftest import load, logprob_values, run_to_end
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.engine.kv_sizing import parse_size
 from specdec_core.execution.kv_cache import BlockPool, contiguous_base, token_rows
@@ -87,21 +87,10 @@ def test_a_preempted_request_recomputes_exactly_the_rows_it_had(pair):
     alone, float for float. (With prompts in block segments, as before, they did not.)"""
     prompts = [[3 + (s * 131 + i * 17) % 40000 for i in range(20 + s)] for s in range(6)]
     params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True, logprobs=1)
-
-    def logprobs(eng: Engine, batch: list[list[int]]) -> list[list[float]]:
-        reqs = [eng.make_request(p, params) for p in batch]
-        for r in reqs:
-            eng.add_request(r)
-        got: dict[str, list[float]] = {r.request_id: [] for r in reqs}
-        while eng.has_unfinished():
-            for out in eng.step():
-                got[out.request_id] += [lp.logprob for lp in out.logprobs or []]
-        return [got[r.request_id] for r in reqs]
-
     roomy = make(pair, "none", max_model_len=128)
-    want = [logprobs(roomy, [p])[0] for p in prompts]
+    want = [logprob_values(run_to_end(roomy, [p], params)[0][1]) for p in prompts]
     tight = make(pair, "none", max_model_len=128, max_num_seqs=6, kv_cache_memory=str(176 * BYTES_PER_TOKEN))
-    got = logprobs(tight, prompts)
+    got = [logprob_values(deltas) for _, deltas in run_to_end(tight, prompts, params)]
     assert tight.metrics.num_preemptions > 0 and all(len(g) == 60 for g in got)
     assert got == want
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from conftest import load
+from conftest import load, logprob_values, run_to_end
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.engine.prefix_cache import ChunkHit, PrefixCache
 
@@ -208,12 +208,8 @@ def test_a_later_turn_finds_the_answer_it_resends_cached_and_gets_a_recompute(pa
     first = [rng.randrange(3, 40000) for _ in range(13)]
 
     def turn(eng: Engine, prompt: list[int]) -> tuple[int, list[int], list[float]]:
-        req = eng.make_request(prompt, params)
-        eng.add_request(req)
-        logprobs = []
-        while eng.has_unfinished():
-            logprobs += [lp.logprob for out in eng.step() for lp in out.logprobs or []]
-        return req.stats.cached_tokens, req.output_ids, logprobs
+        [(req, deltas)] = run_to_end(eng, [prompt], params)
+        return req.stats.cached_tokens, req.output_ids, logprob_values(deltas)
 
     warm = engine(pair, caching=True, quantize="none", attention=attention)
     assert warm.scheduler.share_outputs == (attention == "segments")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import load
+from conftest import load, run_to_end
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.engine.outputs import RequestOutput, TokenLogprob
 
@@ -29,11 +29,7 @@ def engine(pair, **kw) -> Engine:
 
 def run(eng: Engine, prompt: str | list[int], params: SamplingParams) -> list[RequestOutput]:
     """Every delta of one request, run to its end."""
-    eng.add_request(req := eng.make_request(prompt, params))
-    outs: list[RequestOutput] = []
-    while eng.has_unfinished():
-        outs += [o for o in eng.step() if o.request_id == req.request_id]
-    return outs
+    return run_to_end(eng, [prompt], params)[0][1]
 
 
 def prompt_lps(outs: list[RequestOutput]) -> list[TokenLogprob | None]:
