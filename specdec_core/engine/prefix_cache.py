@@ -56,24 +56,29 @@ class PrefixCache:
         self._holders: dict[bytes, dict[tuple[int, ...], bool]] = {}
         self._chunk_of: dict[int, tuple[bytes, tuple[int, ...]]] = {}
 
-    def chunk_keys(self, tokens: list[int], limit: int, salt: str | None = None) -> list[bytes]:
+    def chunk_keys(self, tokens: list[int], limit: int, salt: str | None = None,
+                   keys: list[bytes] | None = None) -> list[bytes]:
         """The hash chain of the full chunks of ``tokens[:limit]``: key i names chunks 0..i
-        (and the salt, when there is one)."""
-        keys: list[bytes] = []
-        previous = b"" if salt is None else hashlib.blake2b(salt.encode(), digest_size=16, person=b"cache_salt").digest()
-        for end in range(self.chunk, limit + 1, self.chunk):
+        (and the salt, when there is one). ``keys``: the chain of earlier calls over the same
+        tokens (a request's), extended in place, so that each chunk is hashed once however often
+        its request is looked up or recorded."""
+        keys = [] if keys is None else keys
+        previous = keys[-1] if keys else (
+            b"" if salt is None else hashlib.blake2b(salt.encode(), digest_size=16, person=b"cache_salt").digest())
+        for end in range(self.chunk * (len(keys) + 1), limit + 1, self.chunk):
             digest = hashlib.blake2b(previous, digest_size=16)
             digest.update(array("q", tokens[end - self.chunk:end]).tobytes())
             previous = digest.digest()
             keys.append(previous)
-        return keys
+        return keys[:limit // self.chunk]
 
-    def lookup(self, prompt: list[int], is_free: Callable[[int], bool], salt: str | None = None) -> list[ChunkHit]:
+    def lookup(self, prompt: list[int], is_free: Callable[[int], bool], salt: str | None = None,
+               keys: list[bytes] | None = None) -> list[ChunkHit]:
         """The longest cached prefix that leaves at least one prompt token to compute (its
         logits start the answer), chunk by chunk; among holders of a chunk, one whose blocks are
         free (taken where they lie: no copy), then one with the draft's rows."""
         hits: list[ChunkHit] = []
-        for key in self.chunk_keys(prompt, len(prompt) - 1, salt):
+        for key in self.chunk_keys(prompt, len(prompt) - 1, salt, keys):
             holders = self._holders.get(key)
             if not holders:
                 break
@@ -82,17 +87,20 @@ class PrefixCache:
         return hits
 
     def record(self, blocks: list[int], tokens: list[int], computed: int, draft_computed: int,
-               recorded: tuple[int, int], salt: str | None = None) -> tuple[int, int]:
+               recorded: tuple[int, int], salt: str | None = None, keys: list[bytes] | None = None) -> tuple[int, int]:
         """A request with table ``blocks`` has ``computed`` target and ``draft_computed`` draft
         positions of ``tokens`` (its prompt, or its prompt and output where decoded rows are
         shared) in the cache: register the full chunks among them. ``recorded`` is what was
-        registered before (target and draft chunks); returns the new count."""
+        registered before (target and draft chunks); returns the new count. ``keys``: the
+        request's chain so far (``chunk_keys``), extended in place."""
         full = min(computed, len(tokens)) // self.chunk
         drafted = min(draft_computed, full * self.chunk) // self.chunk
         if (full, drafted) == recorded:
             return recorded
         per = self.blocks_per_chunk
-        for i, key in enumerate(self.chunk_keys(tokens, full * self.chunk, salt)):
+        keys = self.chunk_keys(tokens, full * self.chunk, salt, keys)
+        for i in range(min(recorded), full):  # the chunks before were registered, with their draft rows
+            key = keys[i]
             holder = tuple(blocks[i * per:(i + 1) * per])
             if i >= recorded[0] or (recorded[1] <= i < drafted):
                 self._holders.setdefault(key, {})[holder] = i < drafted

@@ -65,8 +65,10 @@ class Request:
         # The KV blocks holding this request's positions (``kv_cache``): the scheduler's, empty
         # unless the request is running.
         self.blocks: list[int] = []
-        # Prompt chunks already offered to the prefix cache: the target's and the draft's.
+        # Prompt chunks already offered to the prefix cache: the target's and the draft's; and the
+        # hash chain naming the chunks of ``all_ids`` so far (each chunk hashed once).
         self.recorded_chunks = (0, 0)
+        self.chunk_keys: list[bytes] = []
         self.status = Status.WAITING
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None

@@ -93,7 +93,8 @@ class Scheduler:
         # had in this request: such a request prefills all of its prompt (and records its chunks
         # for later requests as any other does; recomputed chunks are bit-identical).
         lookup = self.prefix is not None and req.params.prompt_logprobs is None
-        hits = self.prefix.lookup(req.prompt_ids, self.pool.is_free, req.params.cache_salt) if lookup else []  # type: ignore[union-attr]
+        hits = self.prefix.lookup(req.prompt_ids, self.pool.is_free, req.params.cache_salt,  # type: ignore[union-attr]
+                                  req.chunk_keys) if lookup else []
         in_place = [all(self.pool.is_free(b) for b in h.blocks) for h in hits]
         for h, here in zip(hits, in_place):
             if here:
@@ -155,8 +156,8 @@ class Scheduler:
         prompt, and of its output where outputs are shared) become reusable."""
         if self.prefix is not None and req.blocks:
             tokens = req.all_ids if self.share_outputs else req.prompt_ids
-            req.recorded_chunks = self.prefix.record(req.blocks, tokens, req.num_computed,
-                                                     req.draft_computed, req.recorded_chunks, req.params.cache_salt)
+            req.recorded_chunks = self.prefix.record(req.blocks, tokens, req.num_computed, req.draft_computed,
+                                                     req.recorded_chunks, req.params.cache_salt, req.chunk_keys)
 
     def remove(self, req: Request) -> None:
         """Drop a finished or aborted request and free its blocks at once. Its chunks, the last
