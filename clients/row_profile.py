@@ -40,7 +40,7 @@ class Timed:
 
 def instrument(native: Any, totals: dict[str, float]) -> None:
     """Wrap the decoder's linears, its attention functions and the head in ``Timed``."""
-    from specdec_core.execution import native_llama
+    from specdec_core.execution import native_decoder
 
     for layer in native.layers:
         for name in PARTS:
@@ -48,7 +48,7 @@ def instrument(native: Any, totals: dict[str, float]) -> None:
             layer.__dict__[name] = Timed(name, layer._modules.pop(name), totals)
     native.__dict__["lm_head"] = Timed("head", native._modules.pop("lm_head"), totals)
     for name in ("attend_segments", "attend_packed"):
-        setattr(native_llama, name, Timed("attention", getattr(native_llama, name), totals))
+        setattr(native_decoder, name, Timed("attention", getattr(native_decoder, name), totals))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 
 Speculation pays only when scoring k + 1 tokens costs about what scoring one costs, so this is the
 number to watch when changing the execution layer (``specdec_core/execution/linear_kernels.py``,
-``native_llama.py``). For the target and the draft, in each quantization mode, it times one
+``native_decoder.py``). For the target and the draft, in each quantization mode, it times one
 forward of ``ModelRunner`` (the engine's own), the shapes interleaved over rounds, with:
 
 - one request verifying N tokens (1 known + N - 1 drafts), N in 1, 2, 3, 5, 9, 17, 33;

@@ -49,7 +49,8 @@ def _build_tiny(
     seed: int,
     vocab_size: int,
 ) -> Path:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    import transformers
+    from transformers import AutoTokenizer
 
     common = dict(
         vocab_size=vocab_size,
@@ -64,13 +65,36 @@ def _build_tiny(
         bos_token_id=1,
         eos_token_id=2,
     )
-    torch.manual_seed(seed)
-    if arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    elif arch == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    else:
+    # Each family's own traits switched on, so the native forward is compared on them: Gemma 3's
+    # sliding-window layers (a window shorter than the tests' prompts) between global ones, its
+    # query scale and rope bases; Phi-3's partial rotary dims and LongRoPE (short factors below
+    # 64 positions, long ones above).
+    families = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 32}),
+        "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+            "head_dim": 32, "sliding_window": 8, "query_pre_attn_scalar": 24,
+            "layer_types": ["sliding_attention", "full_attention"] * (num_layers // 2) + ["sliding_attention"] * (num_layers % 2),
+            "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}),
+        "phi3": ("Phi3Config", "Phi3ForCausalLM", {
+            "original_max_position_embeddings": 64, "pad_token_id": 0,
+            "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+                                "short_factor": [1.0 + 0.1 * i for i in range(6)],
+                                "long_factor": [2.0 + 0.5 * i for i in range(6)],
+                                "original_max_position_embeddings": 64}}),
+    }
+    if arch not in families:
         raise ValueError(arch)
+    config_name, model_name, extra = families[arch]
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(getattr(transformers, config_name)(**common, **extra))
+    if arch == "gemma3":  # its norms start at zero ((1 + w) = 1): give them something to scale
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.normal_(0.0, 0.3)
     # Random init is near-uniform; sharpen the output so sampling sees distributions with structure.
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(16.0)

@@ -5,7 +5,9 @@
 2. verifying drafts gives exactly the logits that decoding the same tokens one step at a time
    gives, which is what makes greedy speculation token-identical to speculation off.
 
-For every quantization mode, on tiny random Llama and Qwen2 models and on SmolLM2-135M.
+For every quantization mode, on tiny random models of every native family (Gemma 3's with
+sliding-window layers shorter than the prompts, Phi-3's with partial rotary dims) and on
+SmolLM2-135M.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from specdec_core.execution.linear_kernels import prepare_linear
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 
 MODES = ["none", "int8", "gguf"]
+FAMILIES = ["llama", "qwen2", "qwen3", "gemma3", "phi3"]
 MAX_LEN = 160
 PROMPT_LEN = 37
 NUM_DRAFTS = 4
@@ -34,6 +37,9 @@ class Models(dict):
         self._sources = {
             "llama": lambda: factory("llama", num_layers=2, hidden=64, seed=11),
             "qwen2": lambda: factory("qwen2", num_layers=2, hidden=64, seed=12),
+            "qwen3": lambda: factory("qwen3", num_layers=2, hidden=64, seed=13),
+            "gemma3": lambda: factory("gemma3", num_layers=3, hidden=64, seed=14),
+            "phi3": lambda: factory("phi3", num_layers=2, hidden=64, seed=15),
             "smollm2": lambda: smol_gguf,
         }
 
@@ -73,7 +79,7 @@ def others(rng: random.Random, vocab: int, count: int, slots: list[int]) -> list
 
 
 @pytest.mark.parametrize("quantize", MODES)
-@pytest.mark.parametrize("arch", ["llama", "qwen2", pytest.param("smollm2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("arch", [*FAMILIES, pytest.param("smollm2", marks=pytest.mark.slow)])
 def test_logits_independent_of_batch_and_equal_to_plain_decoding(models, arch, quantize):
     loaded = models[arch]
     run = runner(loaded, quantize)
@@ -105,9 +111,10 @@ def test_logits_independent_of_batch_and_equal_to_plain_decoding(models, arch, q
         assert torch.equal(got[offset:offset + NUM_DRAFTS + 1], ref_steps), f"verify rows differ at batch size {batch_size}"
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", FAMILIES)
 def test_native_fp32_matches_transformers_forward(models, arch):
-    """The native path computes what the transformers model computes (fp32, same tokens)."""
+    """The native path computes what the transformers model computes (fp32, same tokens; 29 of
+    them: past Gemma's window of 8, below Phi's LongRoPE switch at 64)."""
     loaded = models[arch]
     run = runner(loaded, "none")
     ids = torch.randint(0, run.vocab_size, (1, 29), generator=torch.Generator().manual_seed(0))
@@ -179,7 +186,7 @@ def test_dense_kernel_path_in_bfloat16(tiny_model_factory):
     torch.testing.assert_close(got, ref, rtol=0.05, atol=0.1)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_packed_attention_computes_what_the_segments_compute(models, arch):
     """The one-call-per-layer layout CUDA runs, on the CPU: every row of a mixed batch (prompt
     chunks, decode rows, rows with drafts) equals the segmented layout up to fp32 rounding, and
@@ -224,12 +231,12 @@ def test_transformers_path_computes_what_the_model_computes() -> None:
     torch.testing.assert_close(run.forward([ForwardItem(region(2, 64), 0, b, 1)])[0], ref_b[-1], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("quantize", MODES)
-def test_logits_independent_of_where_the_blocks_are(models, quantize):
+@pytest.mark.parametrize("arch,quantize", [*(("qwen2", mode) for mode in MODES), ("gemma3", "none")])
+def test_logits_independent_of_where_the_blocks_are(models, arch, quantize):
     """A request whose blocks are scattered through the pool (its keys gathered, not sliced),
     beside requests whose blocks are consecutive, gets exactly the logits it gets in a run of
-    blocks: prefill, decoding and the verification of drafts."""
-    loaded = models["qwen2"]
+    blocks: prefill, decoding and the verification of drafts (on Gemma also through windows)."""
+    loaded = models[arch]
     run = runner(loaded, quantize)
     vocab = run.vocab_size
     rng = random.Random(quantize)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from conftest import load, slot_runner
 from specdec_core.execution import gguf_kernels, row_kernels
 from specdec_core.execution.attention import Segment, attend_segments, split_single_rows
-from specdec_core.execution.native_llama import _rope
+from specdec_core.execution.native_decoder import _rope
 
 pytestmark = pytest.mark.skipif(not row_kernels.supported(torch.device("cpu"), torch.float32),
                                 reason="the row kernels run where the C kernels are built with AVX2")
@@ -51,13 +51,15 @@ def test_rope_computes_exactly_the_torch_form(impl):
     assert torch.equal(v, ref_v)  # the values are not rotated
 
 
-def test_silu_mul_matches_torch(impl):
+@pytest.mark.parametrize("activation", row_kernels.ACTIVATIONS)
+def test_gate_mul_matches_torch(impl, activation):
     g = torch.Generator().manual_seed(2)
     gate_up = torch.randn(20, 2 * 1000, generator=g) * 8  # exp over a wide range, 1000 not a multiple of 8
     gate, up = gate_up.chunk(2, dim=-1)
-    got = row_kernels.silu_mul(gate_up)
-    torch.testing.assert_close(got, F.silu(gate) * up, rtol=1e-5, atol=1e-6)
-    assert torch.equal(row_kernels.silu_mul(gate_up[3:4])[0], got[3])
+    act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
+    got = row_kernels.gate_mul(gate_up, activation)
+    torch.testing.assert_close(got, act * up, rtol=1e-5, atol=1e-5)
+    assert torch.equal(row_kernels.gate_mul(gate_up[3:4], activation)[0], got[3])
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(12, 2, 128), (14, 2, 64), (4, 4, 16), (9, 3, 64), (24, 2, 32)])

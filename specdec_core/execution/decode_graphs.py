@@ -11,7 +11,7 @@ to the cache's scratch block and attend only to it. The forward's indices are co
 bucket's static buffers (one copy: the planner lays them out in the buffer's order) and the
 bucket's graph, captured on first use, is replayed. Prefill chunks stay eager (their shapes vary).
 
-Only the layers are captured (``NativeLlama.hidden``); the final norm and the head run eagerly
+Only the layers are captured (``NativeDecoder.hidden``); the final norm and the head run eagerly
 on the rows whose logits are wanted, so a graph's output is a ``[tokens, hidden]`` buffer, not
 a vocabulary-wide one, and graphs of all buckets share one memory pool (they are replayed one at
 a time).
@@ -30,7 +30,7 @@ import torch
 
 from specdec_core.execution.attention import packed_attention
 from specdec_core.execution.kv_cache import PagedKVCache
-from specdec_core.execution.native_llama import Batch, NativeLlama
+from specdec_core.execution.native_decoder import Batch, NativeDecoder
 
 log = logging.getLogger("specdec.engine")
 
@@ -98,7 +98,7 @@ class _Static:
 class DecodeGraphs:
     """The bucketed forwards of one model: buckets, static buffers and (on CUDA) their graphs."""
 
-    def __init__(self, native: NativeLlama, cache: PagedKVCache, max_batch: int, max_q: int, capture: bool) -> None:
+    def __init__(self, native: NativeDecoder, cache: PagedKVCache, max_batch: int, max_q: int, capture: bool) -> None:
         self.native, self.cache = native, cache
         self.batches = batch_buckets(max_batch)
         self.max_q = max_q

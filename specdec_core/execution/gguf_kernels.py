@@ -82,8 +82,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.sd_rms_norm.restype = None
     lib.sd_rope.argtypes = [ptr, i64, i64, i32, i32, ptr, ptr, i64]
     lib.sd_rope.restype = None
-    lib.sd_silu_mul.argtypes = [ptr, i64, i64, i64, ptr, i64, i32]
-    lib.sd_silu_mul.restype = None
+    lib.sd_gate_mul.argtypes = [ptr, i64, i64, i64, ptr, i64, i32, i32]
+    lib.sd_gate_mul.restype = None
     return lib
 
 

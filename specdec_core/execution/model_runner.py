@@ -3,9 +3,10 @@ number of new tokens, packed into a single sequence so no compute is spent on pa
 
 Two execution paths, chosen per model at start-up (``ModelRunner.path``):
 
-- ``native`` (Llama, Qwen2, Mistral, SmolLM2): specdec's own forward (``native_llama``). Batch
-  invariant: a request's logits are bit-identical whatever else is in the forward, and verifying
-  drafts gives the logits plain decoding would give.
+- ``native`` (Llama, Qwen2, Mistral, SmolLM2, Qwen3, Gemma 3, Phi-3: ``decoder_families``):
+  specdec's own forward (``native_decoder``). Batch invariant: a request's logits are
+  bit-identical whatever else is in the forward, and verifying drafts gives the logits plain
+  decoding would give.
 - ``transformers`` (every other ``AutoModelForCausalLM`` whose attention writes through
   ``past_key_values.update`` and accepts a 4-D mask): the model's own forward over one packed
   sequence under a block-causal mask. Its linear layers are prepared like the native ones, but a
@@ -15,6 +16,7 @@ Two execution paths, chosen per model at start-up (``ModelRunner.path``):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,12 +24,15 @@ import torch
 
 from specdec_core.execution.attention import Segment, packed_attention, row_attention_supported, split_single_rows
 from specdec_core.execution.decode_graphs import Bucket, DecodeGraphs, kv_bucket
+from specdec_core.execution.decoder_families import describe
 from specdec_core.execution.gguf_weights import attach_block_weights, detach_block_weights, prepare_block_linears
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.host_upload import HostUpload, Ref
 from specdec_core.execution.kv_cache import PackedLayout, PagedKVCache, contiguous_base, token_rows
 from specdec_core.execution.linear_kernels import Quantize, prepare_linears
-from specdec_core.execution.native_llama import Batch, NativeLlama, supports_native
+from specdec_core.execution.native_decoder import Batch, NativeDecoder
+
+logger = logging.getLogger(__name__)
 
 # How the native path attends (``attention``): "segments" (one call per block of a request's known
 # tokens and one per draft: rows bit-identical alone and batched; the CPU default), "packed" (one call
@@ -58,7 +63,7 @@ class ForwardItem:
     many of its tokens are already cached; ``tokens`` are fed at positions
     ``start..start+len(tokens)-1``; logits are returned for the last ``num_logits`` of them. The
     last ``num_drafts`` tokens are speculative: each is attended on its own, exactly as if it were
-    decoded alone (see ``native_llama``). ``draft_paths``: the drafts form a token tree,
+    decoded alone (see ``native_decoder``). ``draft_paths``: the drafts form a token tree,
     ``draft_paths[j]`` being the drafts from the root's child down to draft j:
     draft j sits at position ``start + known + len(draft_paths[j]) - 1`` and attends to the known
     tokens and its path only, its keys written at cache position ``start + known + j`` (None: a
@@ -113,7 +118,7 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.max_len = max_len
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
-        self.native: NativeLlama | None = None
+        self.native: NativeDecoder | None = None
         self.attention = ("packed" if self.device.type == "cuda" else "segments") if attention == "auto" else attention
         self.row_attention = self.attention == "segments" and row_attention_supported(self.device, self.dtype, head_dim)
         # gguf: the linears of a model converted from a GGUF file get the file's blocks while preparing
@@ -137,12 +142,17 @@ class ModelRunner:
 
     def _prepare(self, model: HFModule, quantize: Quantize, max_len: int, release_weights: bool,
                  head_rows: list[int] | None) -> None:
-        if supports_native(model, max_len):
-            self.native = NativeLlama(model, quantize, max_len, release=release_weights, head_rows=head_rows)
+        spec, why_not = describe(model, max_len)
+        if spec is not None:
+            self.native = NativeDecoder(model, spec, quantize, max_len, release=release_weights, head_rows=head_rows)
             self.path = "native"
         else:
             if head_rows:
-                raise ValueError("a reduced draft vocabulary needs the native (Llama-family) path")
+                raise ValueError("a reduced draft vocabulary needs the native path")
+            logger.warning("%s runs on the transformers path (%s): its rows may change in the last bits with what "
+                           "is batched beside them (greedy output can differ from running alone at near-ties), "
+                           "answers are not kept in the prefix cache, and there are no token trees and no CUDA "
+                           "decode graphs", type(model).__name__, why_not)
             if quantize == "gguf":
                 prepare_block_linears(model)
             prepare_linears(model, quantize)

@@ -1,5 +1,5 @@
 """A layer's row-wise float32 operations as one C call each (``csrc/row_ops.c``): RMS norm,
-rotary embedding, SiLU-gated product.
+rotary embedding, gated product (SiLU or GELU).
 
 Why: on the CPU a one-token step is bound by the bytes of weights it streams (~60 ms for the
 1.5B here), and the torch forms of these operations added ~250 small ops and ~16 ms to it
@@ -8,7 +8,7 @@ nearly all per-op overhead. Each row is computed by one thread with one instruct
 so rows stay bit-identical alone and batched.
 
 ``supported`` decides once per model whether they run (float32 on a CPU where the C kernels are
-built and vectorized); elsewhere (CUDA, bfloat16) the torch forms in ``native_llama`` run, which
+built and vectorized); elsewhere (CUDA, bfloat16) the torch forms in ``native_decoder`` run, which
 compute the same functions up to rounding.
 """
 
@@ -49,11 +49,16 @@ def rope_(x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: to
                                    sin.data_ptr(), cos.stride(0))
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` per row of ``gate_up`` ``[T, 2n]`` = ``[gate | up]``."""
+# The gated products ``gate_mul`` computes, in the order of ``csrc/row_ops.c``'s SD_ACT_* codes.
+ACTIVATIONS = ("silu", "gelu_tanh")
+
+
+def gate_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """``act(gate) * up`` per row of ``gate_up`` ``[T, 2n]`` = ``[gate | up]``; ``activation`` one
+    of ``ACTIVATIONS`` (SiLU: Llama, Qwen, Phi; tanh-approximated GELU: Gemma)."""
     _rows(gate_up)
     n = gate_up.shape[1] // 2
     out = gate_up.new_empty(gate_up.shape[0], n)
-    gguf_kernels.library().sd_silu_mul(gate_up.data_ptr(), gate_up.shape[0], n, gate_up.stride(0), out.data_ptr(),
-                                       out.stride(0), torch.get_num_threads())
+    gguf_kernels.library().sd_gate_mul(gate_up.data_ptr(), gate_up.shape[0], n, gate_up.stride(0), out.data_ptr(),
+                                       out.stride(0), ACTIVATIONS.index(activation), torch.get_num_threads())
     return out

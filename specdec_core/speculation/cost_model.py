@@ -3,7 +3,7 @@
 Speculation pays only when the tokens it adds are cheap, and on this hardware "cheap" is a
 measurement, not a constant: a 1.5B int8 target scores 5 tokens of one request for ~1.07x one
 token, but 16 requests x 5 tokens for ~4.4x 16 x 1 (every draft token is attended on its own, see
-``native_llama``). So the engine times both models at start-up over the step shapes it can
+``native_decoder``). So the engine times both models at start-up over the step shapes it can
 produce and interpolates between them:
 
 - ``target(n)``: one decode step whose requests feed ``n`` tokens in all (known + drafts);

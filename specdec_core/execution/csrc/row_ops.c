@@ -1,5 +1,5 @@
 /* The row-wise float32 operations of a Llama-family layer between its matrix products: RMS
- * norm, rotary embedding, SiLU-gated product.
+ * norm, rotary embedding, gated product (SiLU or tanh-approximated GELU).
  *
  * Why our own: on the 2-core dev machine each is 3-9 torch ops of 5-40 us for a one-token step
  * (nearly all per-op overhead: an RMS norm of 1,536 values costs ~75 us as pow/mean/rsqrt/mul),
@@ -12,6 +12,10 @@
 
 #include "gguf_kernels.h"
 #include "row_math.h"
+
+/* the activation of sd_gate_mul (row_kernels.ACTIVATIONS names them in the same order) */
+#define SD_ACT_SILU 0
+#define SD_ACT_GELU_TANH 1
 
 #define PARALLEL_ROWS 16 /* fewer rows than this run on the calling thread alone (sd_run_parts with 1 thread) */
 
@@ -67,36 +71,56 @@ typedef struct {
     const float *gate_up;
     float *out;
     int64_t n, in_stride, out_stride;
-} silu_job;
+    int act;
+} gate_job;
+
+/* Both activations are x / (1 + exp(a)): SiLU with a = -x, tanh-approximated GELU
+ * 0.5 x (1 + tanh(y)) = x / (1 + exp(-2y)) with y = sqrt(2/pi) (x + 0.044715 x^3). */
+#define GELU_K (-1.5957691216057308f) /* -2 sqrt(2/pi) */
+#define GELU_C 0.044715f
 
 #if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx2,fma"))) static int64_t silu_avx2(const float *g, const float *u, float *out, int64_t n) {
+__attribute__((target("avx2,fma"))) static int64_t gate_avx2(const float *g, const float *u, float *out, int64_t n,
+                                                             int act) {
     const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    const __m256 k = _mm256_set1_ps(GELU_K), c = _mm256_set1_ps(GELU_C);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 gi = _mm256_loadu_ps(g + i);
-        const __m256 e = exp_poly8(_mm256_sub_ps(zero, gi));
+        __m256 a;
+        if (act == SD_ACT_SILU) {
+            a = _mm256_sub_ps(zero, gi);
+        } else {
+            const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(gi, gi), gi);
+            a = _mm256_mul_ps(k, _mm256_add_ps(gi, _mm256_mul_ps(c, cube)));
+        }
+        const __m256 e = exp_poly8(a);
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(gi, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
     }
     return i;
 }
 #endif
 
-static void silu_row(const void *job, int part) {
-    const silu_job *j = job;
+static void gate_row(const void *job, int part) {
+    const gate_job *j = job;
     const int64_t r = part;
     const float *g = j->gate_up + r * j->in_stride, *u = g + j->n;
     float *out = j->out + r * j->out_stride;
     int64_t i = 0;
 #if defined(__x86_64__) || defined(__i386__)
-    if (!sd_use_scalar()) i = silu_avx2(g, u, out, j->n);
+    if (!sd_use_scalar()) i = gate_avx2(g, u, out, j->n, j->act);
 #endif
-    for (; i < j->n; i++) out[i] = g[i] / (1.0f + exp_poly(-g[i])) * u[i];
+    for (; i < j->n; i++) {
+        const float x = g[i];
+        const float a = j->act == SD_ACT_SILU ? -x : GELU_K * (x + GELU_C * ((x * x) * x));
+        out[i] = x / (1.0f + exp_poly(a)) * u[i];
+    }
 }
 
-/* out[r] = silu(gate) * up for rows r < rows of [gate (n values) | up (n values)]. */
-void sd_silu_mul(const float *gate_up, int64_t rows, int64_t n, int64_t in_stride, float *out, int64_t out_stride,
-                 int threads) {
-    const silu_job job = {gate_up, out, n, in_stride, out_stride};
-    sd_run_parts(silu_row, &job, (int)rows, rows < PARALLEL_ROWS ? 1 : threads);
+/* out[r] = act(gate) * up for rows r < rows of [gate (n values) | up (n values)]; act is
+ * SD_ACT_SILU or SD_ACT_GELU_TANH. */
+void sd_gate_mul(const float *gate_up, int64_t rows, int64_t n, int64_t in_stride, float *out, int64_t out_stride,
+                 int act, int threads) {
+    const gate_job job = {gate_up, out, n, in_stride, out_stride, act};
+    sd_run_parts(gate_row, &job, (int)rows, rows < PARALLEL_ROWS ? 1 : threads);
 }
