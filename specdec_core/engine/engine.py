@@ -77,11 +77,12 @@ class Engine:
         # The embedded default (no --model) is a pair: it always has a draft model.
         has_draft = config.draft_model is not None or config.model is None
         method = speculation_method(config.speculative_method, has_draft)
-        target = load_model(config.model, role="target", device=device, dtype=dtype, cache_dir=config.cache_dir, progress=progress)
+        target = load_model(config.model, role="target", device=device, dtype=dtype, cache_dir=config.cache_dir,
+                            progress=progress, quantize=config.quantize)
         draft = None
         if method in ("draft", "auto") and has_draft:
             draft = load_model(config.draft_model, role="draft", device=device, dtype=dtype, cache_dir=config.cache_dir,
-                               progress=progress)
+                               progress=progress, quantize=config.quantize)
         self._setup(config, target, draft, method, owns_models=True)
 
     @classmethod

@@ -38,6 +38,14 @@ class BlockWeight:
         index = torch.as_tensor(index, dtype=torch.long, device=self.blocks.device)
         return BlockWeight(self.ggml_type, self.blocks.index_select(0, index).contiguous(), self.in_features)
 
+    def dequantize_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Float32 rows ``index`` of the weight: a token embedding served from its blocks (each
+        row is dequantized on its own, so a row never depends on the others looked up with it)."""
+        from gguf import GGMLQuantizationType, quants
+
+        rows = self.blocks.index_select(0, index.to(self.blocks.device)).numpy()
+        return torch.from_numpy(quants.dequantize(rows, GGMLQuantizationType(self.ggml_type)).astype("float32"))
+
 
 def executable(weight: BlockWeight) -> bool:
     """True when the kernels run this format with this row length."""

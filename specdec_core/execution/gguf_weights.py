@@ -8,21 +8,21 @@ permutes a llama GGUF's q/k projections (the file stores them interleaved for ll
 and a tied output head served from the token embedding's blocks. Rows of blocks are
 self-contained, so a row permutation or selection is exact.
 
-``gguf.GGUFReader`` parses every metadata value in Python (24 s for the 1.5B's 151,936-entry
-vocabulary on the dev machine), so the tensor table (name, type, shape, file offset) is kept beside
-the converted weights after the first read; later starts map the file at those offsets.
+A model served straight from its file (``loading.gguf_model``) carries its blocks already
+(``BLOCKS_ATTRIBUTE``, the embedding's too) and its file (``SOURCE_ATTRIBUTE``); its own weights are
+empty placeholders.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from specdec_core.execution.gguf_file import read_gguf
 from specdec_core.execution.gguf_kernels import SUPPORTED_TYPES
 from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear, executable
 from specdec_core.execution.hf_types import HFModule
@@ -30,10 +30,15 @@ from specdec_core.execution.hf_types import HFModule
 logger = logging.getLogger(__name__)
 
 ATTRIBUTE = "gguf_blocks"  # set on each nn.Linear that has executable blocks, while preparing
+BLOCKS_ATTRIBUTE = "specdec_blocks"  # a model served from its file: module name -> its blocks
+SOURCE_ATTRIBUTE = "specdec_gguf"  # ... and the file
 
 
 def gguf_source(model: torch.nn.Module) -> Path | None:
-    """The GGUF file ``model`` was converted from, if it still is the file that was converted."""
+    """The GGUF file ``model`` is served from, or was converted from if it still is the file that was
+    converted."""
+    if (served := getattr(model, SOURCE_ATTRIBUTE, None)) is not None:
+        return Path(served)
     record = Path(str(getattr(model, "name_or_path", "") or "")) / "specdec_conversion.json"
     if not record.is_file():
         return None
@@ -48,44 +53,7 @@ def gguf_source(model: torch.nn.Module) -> Path | None:
     return source
 
 
-TABLE = "gguf_tensors.json"
-
-
-def _tensor_table(source: Path, cache_dir: Path) -> tuple[str | None, dict[str, tuple[int, tuple[int, ...], int, int]]]:
-    """(architecture, {tensor name: (GGML type, GGUF shape, file offset, bytes)}), from the table
-    kept in ``cache_dir`` when it describes this very file, else read (and kept) once."""
-    stat = source.stat()
-    key = [str(source), stat.st_size, stat.st_mtime_ns]
-    record = cache_dir / TABLE
-    try:
-        data = json.loads(record.read_text())
-        if data.get("source") == key:
-            return data["architecture"], {k: (v[0], tuple(v[1]), v[2], v[3]) for k, v in data["tensors"].items()}
-    except (OSError, ValueError, KeyError):
-        pass
-    import gguf
-
-    reader = gguf.GGUFReader(str(source))
-    tensors = {t.name: (int(t.tensor_type), tuple(int(s) for s in t.shape), int(t.data_offset), int(t.n_bytes))
-               for t in reader.tensors}
-    arch = _field(reader, "general.architecture")
-    try:
-        partial = record.with_name(f".{TABLE}.{os.getpid()}")
-        partial.write_text(json.dumps({"source": key, "architecture": arch, "tensors": tensors}))
-        os.replace(partial, record)
-    except OSError as exc:  # a read-only cache only costs the next start the parse again
-        logger.warning("could not keep the GGUF tensor table in %s: %s", cache_dir, exc)
-    return arch, tensors
-
-
-def _field(reader, key: str) -> str | None:
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    return bytes(field.parts[field.data[0]]).decode()
-
-
-def _unpermute(blocks: torch.Tensor, heads: int) -> torch.Tensor:
+def unpermute_rows(blocks: torch.Tensor, heads: int) -> torch.Tensor:
     """transformers' ``_reverse_permute_weights`` applied to whole rows of blocks."""
     n = blocks.shape[0]
     index = torch.arange(n).reshape(heads, n // heads // 2, 2).transpose(1, 2).reshape(-1)
@@ -96,9 +64,11 @@ def read_block_weights(path: Path, model: HFModule) -> dict[str, BlockWeight]:
     """Module name -> executable blocks, for every ``nn.Linear`` of ``model`` the file covers."""
     import gguf
 
-    architecture, tensors = _tensor_table(path, Path(str(model.name_or_path)))
+    file = read_gguf(path)
+    architecture, tensors = file.architecture, file.tensors
     cfg = model.config
-    arch = next((a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == cfg.model_type), None)
+    # the file's own architecture names its tensors (transformers' model_type may differ: gemma3_text)
+    arch = next((a for a, name in gguf.MODEL_ARCH_NAMES.items() if name in (architecture, cfg.model_type)), None)
     if arch is None:
         return {}
     name_map = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
@@ -118,18 +88,15 @@ def read_block_weights(path: Path, model: HFModule) -> dict[str, BlockWeight]:
         if module is head and tied:
             gguf_name = "token_embd"  # a tied head is the embedding (whatever else the file stores)
         entry = tensors.get(f"{gguf_name}.weight")
-        if entry is None or entry[0] not in SUPPORTED_TYPES:
+        if entry is None or entry.ggml_type not in SUPPORTED_TYPES:
             continue
-        ggml_type, shape, offset, nbytes = entry
-        if shape != (module.in_features, module.out_features):
-            raise ValueError(f"{gguf_name}.weight has shape {list(shape)}, {name} wants "
+        if entry.shape != (module.in_features, module.out_features):
+            raise ValueError(f"{gguf_name}.weight has shape {list(entry.shape)}, {name} wants "
                              f"{[module.in_features, module.out_features]}")
-        data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset, shape=(nbytes,))
-        blocks = torch.from_numpy(np.array(data.reshape(module.out_features, -1), copy=True))
-        del data
+        blocks = torch.from_numpy(file.read(f"{gguf_name}.weight"))
         if permuted and gguf_name.endswith((".attn_q", ".attn_k")):
-            blocks = _unpermute(blocks, heads if gguf_name.endswith(".attn_q") else kv_heads)
-        weight = BlockWeight(ggml_type, blocks.contiguous(), module.in_features)
+            blocks = unpermute_rows(blocks, heads if gguf_name.endswith(".attn_q") else kv_heads)
+        weight = BlockWeight(entry.ggml_type, blocks.contiguous(), module.in_features)
         if not executable(weight):
             continue
         if not _first_row_matches(weight, module.weight):
@@ -154,12 +121,12 @@ def _first_row_matches(weight: BlockWeight, dense: torch.Tensor) -> bool:
 
 
 def attach_block_weights(model: torch.nn.Module) -> int:
-    """Give each ``nn.Linear`` of ``model`` its GGUF blocks (``ATTRIBUTE``); returns how many got
-    them (0 for a model that does not come from a GGUF file)."""
-    source = gguf_source(model)
-    if source is None:
-        return 0
-    weights = read_block_weights(source, model)
+    """Give each ``nn.Linear`` of ``model`` (and a file-served model's embedding) its GGUF blocks
+    (``ATTRIBUTE``); returns how many got them (0 for a model that does not come from a GGUF file)."""
+    weights = getattr(model, BLOCKS_ATTRIBUTE, None)
+    if weights is None:
+        source = gguf_source(model)
+        weights = read_block_weights(source, model) if source is not None else {}
     for name, weight in weights.items():
         setattr(model.get_submodule(name), ATTRIBUTE, weight)
     return len(weights)

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from specdec_core.execution import row_kernels
 from specdec_core.execution.attention import PackedAttention, RowAttention, Segment, attend_packed, attend_segments
 from specdec_core.execution.decoder_families import DecoderSpec, LayerSpec, rope_tables
-from specdec_core.execution.gguf_weights import block_linear
+from specdec_core.execution.gguf_linear import BlockWeight
+from specdec_core.execution.gguf_weights import ATTRIBUTE, block_linear
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.kv_cache import PagedKVCache
 from specdec_core.execution.linear_kernels import PreparedLinear, Quantize, prepare_linear
@@ -159,14 +160,17 @@ class NativeDecoder(torch.nn.Module):
         base = model.base_model
         self.spec = spec
         self.embed = base.embed_tokens.weight.detach()
-        fused = row_kernels.supported(self.embed.device, self.embed.dtype)
-        self.rope, qkv_rows = _rotary_layout(rope_tables(model, max_len, self.embed), spec)
+        # a model served from its GGUF file looks its tokens up in the embedding's blocks
+        self.embed_blocks: BlockWeight | None = getattr(base.embed_tokens, ATTRIBUTE, None) if self.embed.numel() == 0 else None
+        like = spec.final_norm.weight  # a real tensor of the model's device and dtype
+        fused = row_kernels.supported(like.device, like.dtype)
+        self.rope, qkv_rows = _rotary_layout(rope_tables(model, max_len, like), spec)
         if qkv_rows is not None and any("q" in layer.norms for layer in spec.layers):
             raise ValueError("partial rotary dims with per-head query/key norms are not supported")
         self.layers = torch.nn.ModuleList(DecoderLayer(layer, spec, quantize, release, fused, qkv_rows)
                                           for layer in spec.layers)
         self.norm = RMSNorm(spec.final_norm.weight, spec.final_norm.eps, fused)
-        self.embed_scale = None if spec.embed_scale is None else torch.tensor(spec.embed_scale).to(self.embed.dtype)
+        self.embed_scale = None if spec.embed_scale is None else torch.tensor(spec.embed_scale).to(like.dtype)
         head = model.get_output_embeddings()
         weight, bias = head.weight.detach(), getattr(head, "bias", None)
         self.head_rows = torch.tensor(head_rows, dtype=torch.long, device=weight.device) if head_rows else None
@@ -188,7 +192,10 @@ class NativeDecoder(torch.nn.Module):
     def hidden(self, batch: Batch, cache: PagedKVCache) -> torch.Tensor:
         """Every row's last hidden state (before the final norm); writes the batch's keys. The
         part a CUDA graph captures (``decode_graphs``): fixed shapes in, no host reads."""
-        x = F.embedding(batch.input_ids, self.embed)
+        if self.embed_blocks is not None:
+            x = self.embed_blocks.dequantize_rows(batch.input_ids)
+        else:
+            x = F.embedding(batch.input_ids, self.embed)
         if self.embed_scale is not None:
             x = x * self.embed_scale
         rope = {name: (cos[batch.positions], sin[batch.positions]) for name, (cos, sin) in self.rope.items()}
@@ -236,7 +243,7 @@ def _fused(linears: list[HFModule], quantize: Quantize, rows: torch.Tensor | Non
     ``rows`` of it, in that order, if given)."""
     if quantize == "gguf" and (blocks := block_linear(linears, rows)) is not None:
         return blocks
-    weight = torch.cat([lin.weight.detach() for lin in linears], dim=0)
+    weight = torch.cat([_dense_weight(lin) for lin in linears], dim=0)
     biases = [getattr(lin, "bias", None) for lin in linears]
     bias = None
     if any(b is not None for b in biases):
@@ -246,6 +253,17 @@ def _fused(linears: list[HFModule], quantize: Quantize, rows: torch.Tensor | Non
         weight = weight[rows.to(weight.device)]
         bias = None if bias is None else bias[rows.to(bias.device)]
     return prepare_linear(weight, bias, quantize)
+
+
+def _dense_weight(linear: HFModule) -> torch.Tensor:
+    """A linear's weight; for one served from its GGUF file (an empty placeholder beside its
+    blocks), the blocks dequantized: a fused layer whose parts are not all in block formats the
+    kernels run is prepared from its dense weight."""
+    weight = linear.weight.detach()
+    blocks: BlockWeight | None = getattr(linear, ATTRIBUTE, None)
+    if weight.numel() == 0 and blocks is not None:
+        return blocks.dequantize_rows(torch.arange(blocks.out_features))
+    return weight
 
 
 def _release(linear: HFModule) -> None:

@@ -1,9 +1,12 @@
 """Turn a user's model argument into a ready-to-run model and tokenizer, never touching the network.
 
 Accepted sources: a local Hugging Face directory, a hub id already in the local HF cache, a ``.gguf``
-file, or ``None`` for the embedded default pair. GGUF is dequantized by ``transformers``, which takes
-minutes for a 1.5B model, so it is converted once into a plain fp32 safetensors directory under
-``<cache_dir>/converted`` and every later start loads that directory in seconds.
+file, or ``None`` for the embedded default pair. A GGUF that the block kernels will serve (the
+CPU default) is read straight from its file (``gguf_model``: nothing converted, nothing written).
+Elsewhere (``--quantize none`` or int8, CUDA, an architecture ``gguf_model`` does not read) it is
+dequantized by ``transformers``, which takes minutes for a 1.5B model, so it is converted once
+into a plain fp32 safetensors directory under ``<cache_dir>/converted`` and every later start
+loads that directory in seconds.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 import specdec_core.loading.default_models as default_models
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.linear_kernels import Quantize
+from specdec_core.loading.gguf_model import can_read, load_gguf_model
 from specdec_core.loading.model_errors import ModelLoadError
 from specdec_core.loading.progress_log import phase
 from specdec_core.loading.stale_partials import remove_stale_partials
@@ -111,7 +115,7 @@ class LoadedModel:
     model: HFModule
     tokenizer: PreTrainedTokenizerBase
     name: str  # human name: dir name, hub id, GGUF stem, or the default model's name
-    path: Path  # the local HF directory actually loaded (the converted one for GGUF sources)
+    path: Path  # the local HF directory actually loaded (the converted one), or the GGUF file served
 
 
 def load_model(
@@ -122,15 +126,25 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     cache_dir: Path,
     progress: bool = True,
+    quantize: str = "none",
 ) -> LoadedModel:
-    """Load ``source`` (see module docstring) for ``role`` ("target"/"draft") onto ``device``.
+    """Load ``source`` (see module docstring) for ``role`` ("target"/"draft") onto ``device``, to
+    be served in the ``quantize`` mode (a GGUF the block kernels serve is read from its file).
 
     The weights stay as stored; ``ModelRunner`` prepares them for the device and quantization
     mode (``linear_kernels``).
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    path, name = _resolve_source(source, role, Path(cache_dir), progress)
+    gguf, name = _gguf_file(source, role, Path(cache_dir), progress)
+    if gguf is not None and _served_from_file(gguf, quantize, dev, dt):
+        with phase(logger, f"loading the {role} model {name} from {gguf} (its own blocks, from the file)"):
+            try:
+                model, tokenizer = load_gguf_model(gguf)
+            except (OSError, ValueError) as exc:
+                raise ModelLoadError(f"could not load the {role} model from {gguf}: {exc}") from exc
+        return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=gguf)
+    path, name = (convert_gguf(gguf, Path(cache_dir)), name) if gguf is not None else _resolve_source(source)
     with phase(logger, f"loading the {role} model {name} from {path} ({str(dt).removeprefix('torch.')}, {dev})"):
         try:
             loaded: Any = AutoModelForCausalLM.from_pretrained(
@@ -147,17 +161,33 @@ def load_model(
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=path)
 
 
-def _resolve_source(source: str | os.PathLike[str] | None, role: str, cache_dir: Path, progress: bool) -> tuple[Path, str]:
-    """Map a source argument to (local HF directory, human name), converting GGUF when needed."""
+def _gguf_file(source: str | os.PathLike[str] | None, role: str, cache_dir: Path, progress: bool
+               ) -> tuple[Path | None, str]:
+    """(the GGUF file, human name) of a GGUF source or the default pair; (None, "") otherwise."""
     if source is None:
-        gguf = default_models.default_model_path(role, cache_dir, progress)
-        return convert_gguf(gguf, cache_dir), default_models.default_model(role).name
+        return default_models.default_model_path(role, cache_dir, progress), default_models.default_model(role).name
     text = os.fspath(source)
     path = Path(text).expanduser()
-    if text.endswith(".gguf"):
-        if not path.is_file():
-            raise ModelLoadError(f"GGUF file {path} does not exist")
-        return convert_gguf(path, cache_dir), path.stem
+    if not text.endswith(".gguf"):
+        return None, ""
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file {path} does not exist")
+    return path, path.stem
+
+
+def _served_from_file(gguf: Path, quantize: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the block kernels will serve ``gguf`` in this mode, so it needs no conversion."""
+    if quantize not in ("auto", "gguf") or device.type != "cpu" or dtype != torch.float32 or not can_read(gguf):
+        return False
+    from specdec_core.execution import gguf_kernels
+
+    return gguf_kernels.vectorized() if quantize == "auto" else gguf_kernels.available()
+
+
+def _resolve_source(source: str | os.PathLike[str] | None) -> tuple[Path, str]:
+    """Map a non-GGUF source argument to (local HF directory, human name)."""
+    text = os.fspath(source or "")
+    path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is not a Hugging Face model directory (no config.json)")

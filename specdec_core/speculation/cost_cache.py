@@ -62,6 +62,8 @@ def model_identity(path: Path | None) -> dict[str, Any] | None:
     model of the same name gets a new key)."""
     if path is None:
         return None
+    if Path(path).is_file():  # a GGUF served from its file
+        return {"path": str(Path(path).resolve()), "bytes": Path(path).stat().st_size}
     files = sorted(p for p in Path(path).glob("*") if p.suffix in (".safetensors", ".bin", ".json"))
     return {"path": str(Path(path).resolve()), "bytes": sum(p.stat().st_size for p in files)}
 

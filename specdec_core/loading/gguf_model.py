@@ -1,0 +1,156 @@
+"""A GGUF model served from its file: no fp32 checkpoint on disk, no fp32 copy in memory.
+
+Why: the converted path (``loader.convert_gguf``) dequantizes the whole file to fp32 safetensors
+first: 9.1 GB written for the 1.6 GB default pair, minutes on a first start, and a 7B Q4 file
+would need ~30 GB, more than these machines have. Where the block kernels serve the model
+(``--quantize gguf``, the CPU default for a GGUF), none of that is needed:
+
+- the config comes from the file's metadata, mapped by transformers' own GGUF tables;
+- the tokenizer (and its chat template) by transformers' GGUF tokenizer builder;
+- the model is built with empty weights (``accelerate.init_empty_weights``, buffers such as the
+  rotary tables stay real); every linear layer and the token embedding whose tensor is in a
+  block format the kernels run keep those blocks (``model.specdec_blocks``; the module's own
+  weight becomes an empty placeholder), everything else (norms, biases, layers in other formats)
+  is read and dequantized exactly as transformers' loader would (its tensor processors: llama's
+  q/k row order, Gemma's norm offset).
+
+Only architectures checked tensor for tensor against the converted model are read this way
+(``FROM_FILE``); any other GGUF takes the converted path.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from specdec_core.execution.gguf_file import GGUFFile, read_gguf
+from specdec_core.execution.gguf_kernels import SUPPORTED_TYPES
+from specdec_core.execution.gguf_linear import BlockWeight, executable
+from specdec_core.execution.gguf_weights import BLOCKS_ATTRIBUTE, SOURCE_ATTRIBUTE, unpermute_rows
+from specdec_core.execution.hf_types import HFModule
+from specdec_core.loading.model_errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+# GGUF architectures read from the file; each checked against its converted model (tests/test_gguf_model.py)
+FROM_FILE = ("llama", "qwen2", "qwen3", "gemma3")
+_MODEL_TYPES = {"gemma3": "gemma3_text"}  # the file holds the text model only
+
+
+def can_read(path: Path) -> bool:
+    """Whether ``path`` is a GGUF of an architecture this module reads."""
+    try:
+        return read_gguf(path).architecture in FROM_FILE
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def gguf_config(file: GGUFFile):
+    """The transformers config the file describes (transformers' legacy GGUF key tables)."""
+    from transformers import AutoConfig
+    from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
+
+    arch = file.architecture
+    values: dict[str, Any] = dict(GGUF_CONFIG_DEFAULTS_MAPPING.get(arch, {}))
+    for key, value in file.metadata.items():
+        prefix, _, rest = key.partition(".")
+        mapping: dict[str, dict[str, Any]] = GGUF_CONFIG_MAPPING  # type: ignore[assignment]
+        table = mapping.get(arch if prefix == arch else prefix, {})
+        target = table.get(rest) if prefix in (arch, "general", "tokenizer") else None
+        if target is not None and target != -1 and not isinstance(value, np.ndarray):
+            values[target] = value
+    values["tie_word_embeddings"] = "output.weight" not in file.tensors
+    if "vocab_size" not in values:
+        values["vocab_size"] = file.metadata["tokenizer.ggml.tokens"]  # its length: the array is not decoded
+    model_type = _MODEL_TYPES.get(arch, arch)
+    for key in ("model_type", "_model_name_or_path"):
+        values.pop(key, None)
+    return AutoConfig.for_model(model_type, **values)
+
+
+def load_gguf_model(path: Path) -> tuple[HFModule, Any]:
+    """(model, tokenizer) of ``path`` on the CPU in float32, blocks kept (see module docstring)."""
+    from accelerate import init_empty_weights
+    from gguf import GGMLQuantizationType, get_tensor_name_map, quants
+    from gguf.constants import MODEL_ARCH_NAMES
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    file = read_gguf(path)
+    arch = file.architecture
+    config = gguf_config(file)
+    with init_empty_weights(include_buffers=False):
+        model: Any = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    names = get_tensor_name_map(next(a for a, n in MODEL_ARCH_NAMES.items() if n == arch), config.num_hidden_layers)
+    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
+    head = model.get_output_embeddings()
+    tied = config.tie_word_embeddings
+    blocks: dict[str, BlockWeight] = {}
+    embedding: BlockWeight | None = None
+
+    def dense(gguf_name: str, shape: torch.Size) -> torch.Tensor:
+        info = file.tensors[gguf_name]
+        values = quants.dequantize(file.read(gguf_name), GGMLQuantizationType(info.ggml_type)).astype(np.float32)
+        values = processor.process(weights=values.reshape(tuple(shape)), name=gguf_name).weights
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+
+    for module_name, module in model.named_modules():
+        own = list(module.named_parameters(recurse=False))
+        if not own:
+            continue
+        base = "token_embd" if module is head and tied else names.get_name(module_name)
+        if base is None:
+            raise ModelLoadError(f"{path.name}: no GGUF tensor is named for {module_name}")
+        for param_name, param in own:
+            gguf_name = f"{base}.{param_name}"
+            if gguf_name not in file.tensors:
+                raise ModelLoadError(f"{path.name} lacks {gguf_name} ({module_name}.{param_name})")
+            weight = None
+            if param_name == "weight":  # a tied head shares the embedding's blocks
+                weight = embedding if module is head and tied else _blocks(file, gguf_name, module, arch, config)
+            if weight is not None:
+                blocks[module_name] = weight
+                if module is model.get_input_embeddings():
+                    embedding = weight
+                value = torch.empty(0)  # the blocks are the weight; nothing reads this one
+            else:
+                value = dense(gguf_name, param.shape)
+            setattr(module, param_name, torch.nn.Parameter(value, requires_grad=False))
+    model.eval()
+    setattr(model, BLOCKS_ATTRIBUTE, blocks)
+    setattr(model, SOURCE_ATTRIBUTE, path)
+    tokenizer = _tokenizer(path, config.model_type)
+    logger.info("%s served from the file: %d tensors kept as blocks, %d read as float32", path.name, len(blocks),
+                sum(1 for _ in model.parameters()) - len(blocks))
+    return model, tokenizer
+
+
+def _blocks(file: GGUFFile, gguf_name: str, module: HFModule, arch: str, config) -> BlockWeight | None:
+    """The executable blocks of a linear layer's or the embedding's weight (None: read it dense)."""
+    info = file.tensors[gguf_name]
+    if info.ggml_type not in SUPPORTED_TYPES or not isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+        return None
+    rows = file.read(gguf_name)
+    in_features = info.shape[0]
+    if arch == "llama" and gguf_name.endswith((".attn_q.weight", ".attn_k.weight")):
+        heads = config.num_attention_heads if ".attn_q." in gguf_name else config.num_key_value_heads
+        rows = unpermute_rows(torch.from_numpy(rows), heads).numpy()
+    weight = BlockWeight(info.ggml_type, torch.from_numpy(np.ascontiguousarray(rows)), in_features)
+    return weight if executable(weight) else None
+
+
+def _tokenizer(path: Path, model_type: str) -> Any:
+    """The file's tokenizer, built by transformers' GGUF tokenizer builder for the class of its model
+    type. Not ``AutoTokenizer.from_pretrained(gguf_file=)`` alone: for architectures its fast
+    reader does not cover it first rebuilds the config with ``gguf.GGUFReader`` (37 s for Gemma 3
+    270M here); the class named, it reads only the tokenizer's own keys (7 s)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    if model_type in TOKENIZER_MAPPING_NAMES:
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, tokenizer_type=model_type)
+    return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
