@@ -22,7 +22,7 @@ _EXPORTS = {
     "EngineMetrics": "engine.stats",
     "RequestOutput": "engine.outputs",
     "RequestStats": "engine.outputs",
-    "TokenLogprob": "engine.outputs",
+    "TokenLogprob": "decoding.token_logprob",
     "SamplingParams": "decoding.sampling_params",
 }
 
@@ -34,10 +34,11 @@ assert sorted(__all__) == sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from specdec_core.decoding.sampling_params import SamplingParams
+    from specdec_core.decoding.token_logprob import TokenLogprob
     from specdec_core.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
     from specdec_core.engine.config import EngineConfig
     from specdec_core.engine.engine import Completion, Engine
-    from specdec_core.engine.outputs import RequestOutput, RequestStats, TokenLogprob
+    from specdec_core.engine.outputs import RequestOutput, RequestStats
     from specdec_core.engine.stats import EngineMetrics
 
 

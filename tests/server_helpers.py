@@ -231,7 +231,8 @@ class FakeStream:
         return self._run()
 
     async def _run(self):
-        from specdec_core.engine.outputs import RequestOutput, RequestStats, TokenLogprob
+        from specdec_core.decoding.token_logprob import TokenLogprob
+        from specdec_core.engine.outputs import RequestOutput, RequestStats
 
         stats = RequestStats(prompt_tokens=len(self.prompt_token_ids))
         try:

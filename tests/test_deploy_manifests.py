@@ -13,7 +13,7 @@ from server.cli import GRACE_ENV, _subparser, build_parser, env_name
 from server.prometheus import ServerMetrics
 from server.routes import routes
 from server_helpers import FakeEngine
-from specdec_core.engine.config import CACHE_DIR_ENV
+from specdec_core.execution.cache_paths import CACHE_DIR_ENV
 
 MANIFEST = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes" / "specdec.yaml"
 

@@ -1,6 +1,11 @@
 """The project's modules import each other as a DAG: no cycle, counting every import statement
 (module level, inside functions, and under ``if TYPE_CHECKING``), so each layer can be read, and
-tested, without the ones above it."""
+tested, without the ones above it. The layers themselves are fixed: ``clients -> server ->
+specdec_core``, and inside the core ``engine -> speculation -> decoding/loading -> execution``;
+an import may only point down (or sideways inside one package). A cycle check alone let the
+core's packages import upward from inside functions and type-only blocks (the speculation
+proposers took the engine's ``Request``), so a newcomer could not read one package without the
+one above it."""
 
 from __future__ import annotations
 
@@ -9,6 +14,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("server", "specdec_core", "clients")
+# Higher imports lower, never the reverse. Equal ranks (decoding, loading) may not import each
+# other either: neither needs the other, and a sideways import is a cycle waiting to happen.
+TOP_ORDER = {"clients": 2, "server": 1, "specdec_core": 0}
+CORE_ORDER = {"engine": 3, "speculation": 2, "decoding": 1, "loading": 1, "execution": 0}
 
 
 def module_name(path: Path) -> str:
@@ -87,8 +96,54 @@ def test_the_project_has_no_import_cycle() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-def test_the_engine_core_knows_nothing_of_http() -> None:
+def layer(module: str) -> tuple[int, str]:
+    """Where ``module`` sits: its top-level package's rank and, inside the core, its package
+    (``specdec_core`` itself, the public facade that re-exports the engine, sits above them all)."""
+    parts = module.split(".")
+    if parts[0] != "specdec_core":
+        return TOP_ORDER[parts[0]], parts[0]
+    if len(parts) == 1:
+        return TOP_ORDER["specdec_core"], "specdec_core"
+    assert parts[1] in CORE_ORDER, f"{module}: place package {parts[1]!r} in CORE_ORDER"
+    return TOP_ORDER["specdec_core"], parts[1]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every edge of ``graph`` that does not point down the layers, as ``importer -> imported``."""
+    bad = []
+    for name, targets in sorted(graph.items()):
+        (top, pkg) = layer(name)
+        for target in sorted(targets):
+            (t_top, t_pkg) = layer(target)
+            if t_top > top:
+                ok = False
+            elif t_top < top or pkg == t_pkg:
+                ok = True
+            elif t_pkg == "specdec_core" or pkg == "specdec_core":
+                ok = pkg == "specdec_core"  # the facade imports the core; nothing in it imports the facade
+            else:
+                ok = CORE_ORDER[t_pkg] < CORE_ORDER[pkg]
+            if not ok:
+                bad.append(f"{name} -> {target}")
+    return bad
+
+
+def test_upward_imports_are_found() -> None:
+    graph = {
+        "specdec_core.engine.a": {"specdec_core.speculation.b", "specdec_core.execution.c"},
+        "specdec_core.speculation.b": {"specdec_core.decoding.d", "specdec_core.engine.a"},
+        "specdec_core.decoding.d": {"specdec_core.loading.e", "specdec_core.decoding.f"},
+        "specdec_core.execution.c": {"specdec_core"},
+        "server.app": {"specdec_core.engine.a", "clients.bench"},
+        "clients.bench": {"server.app", "specdec_core.engine.a"},
+    }
+    assert upward_imports(graph) == ["server.app -> clients.bench",
+                                     "specdec_core.decoding.d -> specdec_core.loading.e",
+                                     "specdec_core.execution.c -> specdec_core",
+                                     "specdec_core.speculation.b -> specdec_core.engine.a"]
+
+
+def test_packages_import_only_down_the_layers() -> None:
     modules = project_modules()
-    for name, path in modules.items():
-        if name.startswith("specdec_core"):
-            assert not any(m.startswith("server") for m in imports_of(name, path, modules)), name
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    assert upward_imports(graph) == []

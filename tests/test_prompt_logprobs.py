@@ -9,7 +9,8 @@ import torch
 
 from conftest import load, run_to_end
 from specdec_core import Engine, EngineConfig, SamplingParams
-from specdec_core.engine.outputs import RequestOutput, TokenLogprob
+from specdec_core.decoding.token_logprob import TokenLogprob
+from specdec_core.engine.outputs import RequestOutput
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
 CHUNK = 8  # several prefill chunks per prompt, and full chunks for the prefix cache

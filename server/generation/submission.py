@@ -23,7 +23,8 @@ from server.openai import response_types as rt
 from server.openai.bodies import speculative_summary
 from server.state import ServerState, engine_dead
 from specdec_core.decoding.sampling_params import SamplingParams
-from specdec_core.engine.outputs import RequestOutput, RequestStats, TokenLogprob
+from specdec_core.decoding.token_logprob import TokenLogprob
+from specdec_core.engine.outputs import RequestOutput, RequestStats
 
 log = structlog.get_logger("specdec.server")
 

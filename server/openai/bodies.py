@@ -12,7 +12,8 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from server.openai import response_types as rt
-from specdec_core.engine.outputs import RequestStats, TokenLogprob
+from specdec_core.decoding.token_logprob import TokenLogprob
+from specdec_core.engine.outputs import RequestStats
 
 if TYPE_CHECKING:
     from server.settings import ServerSettings

@@ -17,7 +17,7 @@ from server.openai import response_types as rt
 from server.openai.bodies import CompletionLogprobs, TokenText, chat_logprobs, prompt_logprobs
 from server.tools.calls import CallDelta, CallParser, ToolCall
 from server.tools.tool_use import ToolUse
-from specdec_core.engine.outputs import TokenLogprob
+from specdec_core.decoding.token_logprob import TokenLogprob
 from specdec_core.engine.provenance import TextPiece
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec_core.engine.outputs import TokenLogprob
+from specdec_core.decoding.token_logprob import TokenLogprob
 
 
 def token_logprobs(scores: torch.Tensor, tokens: list[int], n_top: int, *, ranks: bool = False) -> list[TokenLogprob]:

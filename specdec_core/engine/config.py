@@ -7,21 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from specdec_core.execution.cache_paths import default_cache_dir
+
 SpeculativeMethod = Literal["auto", "draft", "ngram", "suffix", "none"]
 
 
-CACHE_DIR_ENV = "SPECDEC_CACHE_DIR"
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV block (vLLM's default)
-
-
-def default_cache_dir() -> Path:
-    """Where converted GGUF weights and the assembled default pair live (overridable by env)."""
-    import os
-
-    root = os.environ.get(CACHE_DIR_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "specdec"
-    )
-    return Path(root)
 
 
 def _flag(help: str, *, group: str = "runtime", default_help: str | None = None, minimum: float | None = None,

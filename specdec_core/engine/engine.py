@@ -311,7 +311,7 @@ class Engine:
                 outputs.append(out)
         return outputs
 
-    def _commit(self, it: ScheduledRequest, drafts: list[int], accepted: int, final: int,
+    def _commit(self, it: ScheduledRequest[Request], drafts: list[int], accepted: int, final: int,
                 logits: torch.Tensor) -> RequestOutput | None:
         req, source, new = it.request, it.source, drafts[:accepted] + [final]
         req.learn(source, accepted, len(drafts), it.lookups, new)

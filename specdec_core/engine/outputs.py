@@ -6,22 +6,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specdec_core.decoding.token_logprob import TokenLogprob
 from specdec_core.engine.provenance import TextPiece
 from specdec_core.engine.stats import acceptance_rate, count_into, mean_accepted_length
 
 FinishReason = Literal["stop", "length", "abort", "error"]
-
-
-@dataclass
-class TokenLogprob:
-    """The target's log-probability of a token (emitted, or of the prompt) and its top
-    alternatives, most likely first; ``rank``: 1 + how many tokens were more likely (prompt
-    tokens only, as vLLM reports it)."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] = field(default_factory=list)
-    rank: int | None = None
 
 
 @dataclass

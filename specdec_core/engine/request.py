@@ -13,7 +13,8 @@ import torch
 from specdec_core.decoding.detokenizer import IncrementalDetokenizer
 from specdec_core.decoding.sampling import RowParams
 from specdec_core.decoding.sampling_params import SamplingParams
-from specdec_core.engine.outputs import FinishReason, RequestStats, TokenLogprob
+from specdec_core.decoding.token_logprob import TokenLogprob
+from specdec_core.engine.outputs import FinishReason, RequestStats
 from specdec_core.engine.provenance import TextPiece, TextProvenance
 from specdec_core.speculation.acceptance import LOOKUP_SOURCES, PRIOR, AcceptanceEstimate, Source
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec_core.decoding.sampling import RowParams, TablePlan, processed_scores, stack_masks
-from specdec_core.engine.step_plan import ScheduledRequest
+from specdec_core.engine.request import Request
 from specdec_core.execution.host_upload import HostUpload, Ref
 from specdec_core.execution.kv_cache import token_rows
 from specdec_core.execution.model_runner import ForwardItem, ForwardPlan, ModelRunner
@@ -34,6 +34,7 @@ from specdec_core.speculation.acceptance import Source
 from specdec_core.speculation.draft_model import DraftModelProposer, DraftPlan
 from specdec_core.speculation.draft_tree import DraftTree
 from specdec_core.speculation.policy import LookupProposer
+from specdec_core.speculation.scheduled_request import ScheduledRequest
 
 
 @dataclass
@@ -110,7 +111,7 @@ class SpeculativeStep:
                  lookups: dict[Source, LookupProposer]) -> None:
         self.target, self.drafter, self.lookups = target, drafter, lookups
 
-    def run(self, items: list[ScheduledRequest]) -> StepOutcome:
+    def run(self, items: list[ScheduledRequest[Request]]) -> StepOutcome:
         upload = HostUpload()
         plan = self._plan(items, upload)
         upload.send(self.target.device)
@@ -157,7 +158,7 @@ class SpeculativeStep:
             logits, plan.row_start, cached, clock.seconds(0), clock.seconds(1), prompt_logits, plan.prompt_start,
             processed, (len(plan.tree_paths), branch_tokens))
 
-    def _plan(self, items: list[ScheduledRequest], upload: HostUpload) -> _Plan:
+    def _plan(self, items: list[ScheduledRequest[Request]], upload: HostUpload) -> _Plan:
         """Lookups, how many drafts each item verifies, and everything the device needs."""
         looked_up = {b: self.lookups[it.source].lookup_tree(it.request, it.num_drafts) for b, it in enumerate(items)
                      if it.source in self.lookups and it.num_drafts}
@@ -201,7 +202,7 @@ class SpeculativeStep:
         return plan
 
     @staticmethod
-    def _uniforms(items: list[ScheduledRequest], drawn: list[int], num: list[int], k_max: int,
+    def _uniforms(items: list[ScheduledRequest[Request]], drawn: list[int], num: list[int], k_max: int,
                   upload: HostUpload) -> tuple[Ref, Ref]:
         """Each sampled request's draws for this step from its own stream, in a fixed order (its
         draft positions, then its verification): the count depends only on its own plan."""
@@ -215,7 +216,7 @@ class SpeculativeStep:
             verify_u += v + [0.0] * (k_max - num[b])
         return upload.floats(draft_u), upload.floats(verify_u)
 
-    def _plan_verification(self, items: list[ScheduledRequest], plan: _Plan, upload: HostUpload) -> verifier.VerifyPlan:
+    def _plan_verification(self, items: list[ScheduledRequest[Request]], plan: _Plan, upload: HostUpload) -> verifier.VerifyPlan:
         """Each verified row's warping rule; its history is the drafts before it, the node's
         ancestors in a tree."""
         rows: list[RowParams] = []
@@ -234,7 +235,7 @@ class SpeculativeStep:
                                       [plan.looked_up[b].parents if b in plan.tree_paths else list(range(-1, n - 1))
                                        for b, n in enumerate(plan.num)] if plan.tree_paths else None)
 
-    def _settle_tree(self, item: ScheduledRequest, tree: DraftTree, value: list[int],
+    def _settle_tree(self, item: ScheduledRequest[Request], tree: DraftTree, value: list[int],
                      k_max: int) -> tuple[list[int], int]:
         """After a tree's verification: move the accepted path's keys and values to the positions
         the path now holds (node j's were written at position known + j). Returns the drafts the
@@ -256,7 +257,7 @@ class SpeculativeStep:
             rest.append(tree.tokens[node])
         return [tree.tokens[node] for node in path] + rest, sum(node >= tree.chain_length for node in path)
 
-    def _grammar_masks(self, items: list[ScheduledRequest], plan: _Plan, drafts: torch.Tensor,
+    def _grammar_masks(self, items: list[ScheduledRequest[Request]], plan: _Plan, drafts: torch.Tensor,
                        q: torch.Tensor | None) -> torch.Tensor | None:
         """The target rows' grammar masks; drafts the model drew for a grammar request are read
         to the host for them (one round trip). Rows after a draft drawn from an empty q (the

@@ -108,7 +108,7 @@ def _installed_extension() -> Path | None:
 
 def _compile_into_cache() -> Path:
     """Compile the sources with the system C compiler into the cache, keyed by their content."""
-    from specdec_core.engine.config import default_cache_dir
+    from specdec_core.execution.cache_paths import default_cache_dir
 
     digest = sources_hash()
     out_dir = default_cache_dir() / "kernels"

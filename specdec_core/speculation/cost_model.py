@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.execution.kv_cache import blocks_for, region
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 from specdec_core.speculation.cost_table import CostTable
+from specdec_core.speculation.scheduled_request import ScheduledItems
 
 log = logging.getLogger("specdec.cost_model")
 
@@ -309,7 +309,7 @@ def _seconds(runner: ModelRunner, items: list[ForwardItem]) -> float:
     return time.perf_counter() - t0
 
 
-def observe_step(costs: StepCostModel, items: list[ScheduledRequest], draft_s: float, target_s: float, max_draft_rows: int) -> None:
+def observe_step(costs: StepCostModel, items: ScheduledItems, draft_s: float, target_s: float, max_draft_rows: int) -> None:
     """Let a decode-only step (``ScheduledRequest`` items) correct the live cost model; prefill
     chunks are not a shape the model describes."""
     if any(it.num_new != 1 for it in items):

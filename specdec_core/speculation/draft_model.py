@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from specdec_core.decoding.sampling import TablePlan, apply, sample, stack_masks
-from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.execution.host_upload import HostUpload, Ref
 from specdec_core.execution.model_runner import ForwardItem, ForwardPlan, ModelRunner
+from specdec_core.speculation.scheduled_request import ScheduledItems, ScheduledRequest, SpeculatingRequest
 
 
 @dataclass
@@ -48,24 +48,24 @@ class DraftModelProposer:
         self.runner = runner
 
     @staticmethod
-    def drafts(item: ScheduledRequest) -> int:
+    def drafts(item: ScheduledRequest[SpeculatingRequest]) -> int:
         return item.num_drafts if item.source == "draft" else 0
 
-    def _mirrors(self, item: ScheduledRequest, in_use: bool) -> bool:
+    def _mirrors(self, item: ScheduledRequest[SpeculatingRequest], in_use: bool) -> bool:
         """Seeded sampled requests are always mirrored: how their draft cache is segmented (and
         so the last bits of their draft distributions) must not depend on the batch."""
         r = item.request
         return ((in_use or r.seeded) and self.drafts(item) == 0 and r.in_prefill
                 and r.max_spec_tokens > 0 and r.draft_computed == r.num_computed)
 
-    def _in_use(self, items: list[ScheduledRequest]) -> bool:
+    def _in_use(self, items: ScheduledItems) -> bool:
         return any(self.drafts(it) for it in items)
 
-    def wanted(self, items: list[ScheduledRequest]) -> bool:
+    def wanted(self, items: ScheduledItems) -> bool:
         in_use = self._in_use(items)
         return any(self.drafts(it) or self._mirrors(it, in_use) for it in items)
 
-    def plan(self, items: list[ScheduledRequest], k_max: int, upload: HostUpload) -> DraftPlan:
+    def plan(self, items: ScheduledItems, k_max: int, upload: HostUpload) -> DraftPlan:
         """Every forward and warping rule of this step's drafting, placed in ``upload``.
         ``k_max`` is the width of the step's drafts tensor (draft history indices use it)."""
         in_use = self._in_use(items)
@@ -93,7 +93,7 @@ class DraftModelProposer:
                 cached[b] = items[b].request.num_computed + items[b].num_new + j
         return DraftPlan(forwards, active, [upload.ints(a) for a in active], tables, cached)
 
-    def run(self, plan: DraftPlan, items: list[ScheduledRequest], upload: HostUpload, drafts: torch.Tensor,
+    def run(self, plan: DraftPlan, items: ScheduledItems, upload: HostUpload, drafts: torch.Tensor,
             u: torch.Tensor) -> torch.Tensor:
         """Draw the drafts into ``drafts`` ``[B, K]`` with uniforms ``u`` ``[B, K]``; return q
         ``[B, K, V]`` (all-zero rows where nothing was drawn, or where a grammar left the draft
@@ -118,7 +118,7 @@ class DraftModelProposer:
             drafts.index_put_((rows, column), drawn)
         return probs
 
-    def _grammar_masks(self, items: list[ScheduledRequest], act: list[int], j: int, drafts: torch.Tensor,
+    def _grammar_masks(self, items: ScheduledItems, act: list[int], j: int, drafts: torch.Tensor,
                        probs: torch.Tensor) -> torch.Tensor | None:
         """Masks after each grammar request's drafts so far (read to the host: one round trip).
         A request whose earlier draft had no allowed token left gets an all-False row: its
@@ -131,7 +131,7 @@ class DraftModelProposer:
         return stack_masks(masks, self.runner.vocab_size, drafts.device)
 
     @staticmethod
-    def _catch_up(item: ScheduledRequest, num_logits: int) -> ForwardItem:
+    def _catch_up(item: ScheduledRequest[SpeculatingRequest], num_logits: int) -> ForwardItem:
         r = item.request
         return ForwardItem(r.blocks, r.draft_computed, r.all_ids[r.draft_computed:r.num_computed + item.num_new], num_logits)
 

@@ -5,9 +5,9 @@ No model runs, so a lookup costs only verification rows; its q is one-hot on the
 
 from __future__ import annotations
 
-from specdec_core.engine.request import Request
 from specdec_core.speculation.draft_tree import DraftTree
 from specdec_core.speculation.ngram_index import NgramIndex
+from specdec_core.speculation.scheduled_request import SpeculatingRequest
 
 
 class NgramProposer:
@@ -21,7 +21,7 @@ class NgramProposer:
         return NgramIndex(self.min_n, self.max_n)
 
     @staticmethod
-    def lookup(req: Request, k: int) -> list[int]:
+    def lookup(req: SpeculatingRequest, k: int) -> list[int]:
         """Up to ``k`` looked-up tokens, cut where the request's grammar (if any) would reject
         them: a draft the target can never accept only costs verification rows. The same text
         and ``k`` give the same tokens, so the policy may ask for the cap and the proposal for
@@ -31,6 +31,6 @@ class NgramProposer:
             tokens = tokens[: req.grammar.valid_prefix(tokens)]
         return tokens
 
-    def lookup_tree(self, req: Request, k: int) -> DraftTree:
+    def lookup_tree(self, req: SpeculatingRequest, k: int) -> DraftTree:
         """The lookup as a chain: a request's own text offers one continuation per match."""
         return DraftTree.chain(self.lookup(req, k))

@@ -21,18 +21,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from specdec_core.engine.request import Request
-from specdec_core.engine.step_plan import ScheduledRequest
 from specdec_core.speculation.acceptance import Source, expected_tokens
 from specdec_core.speculation.cost_model import StepCostModel
 from specdec_core.speculation.draft_tree import DraftTree
+from specdec_core.speculation.scheduled_request import ScheduledItems, ScheduledRequest, SpeculatingRequest
 
 
 class LookupProposer(Protocol):
     """A proposer that runs no model (n-gram, suffix): its drafts are a function of the text it
     has seen, and its q is one-hot on them."""
 
-    def lookup_tree(self, req: Request, k: int) -> DraftTree:
+    def lookup_tree(self, req: SpeculatingRequest, k: int) -> DraftTree:
         """Up to ``k`` drafts for ``req`` (fewer, or none, where it has no confident match), a
         chain or a token tree (``draft_tree``); k counts verified rows either way."""
         ...
@@ -41,7 +40,7 @@ PROBE_INTERVAL = 32  # a draft model that never pays drafts one token every this
 
 @dataclass
 class _Choice:
-    item: ScheduledRequest
+    item: ScheduledRequest[SpeculatingRequest]
     source: Source
     alpha: float
     cap: int
@@ -85,7 +84,7 @@ class SpeculationPolicy:
         self.max_model_len = max_model_len
         self.lookups = lookups
 
-    def plan(self, items: list[ScheduledRequest]) -> None:
+    def plan(self, items: ScheduledItems) -> None:
         filling = self.adaptive and any(it.request.in_prefill for it in items)
         choices = [c for c in (self._choice(it, filling) for it in items) if c is not None]
         if not choices:
@@ -108,7 +107,7 @@ class SpeculationPolicy:
 
     # ------------------------------------------------------------------ one request
 
-    def _choice(self, item: ScheduledRequest, filling: bool) -> _Choice | None:
+    def _choice(self, item: ScheduledRequest[SpeculatingRequest], filling: bool) -> _Choice | None:
         """The source and cap of ``item``'s drafts, or None. ``filling``: a prompt is prefilled
         this step (adaptive only), so the batch is still growing."""
         req = item.request

@@ -19,8 +19,8 @@ changes speed only.
 
 from __future__ import annotations
 
-from specdec_core.engine.request import Request
 from specdec_core.speculation.draft_tree import DraftTree
+from specdec_core.speculation.scheduled_request import SpeculatingRequest
 from specdec_core.speculation.suffix_trie import Proposal, SuffixCache, SuffixIndex, SuffixTrie
 
 MIN_TOKEN_PROB = 0.1  # stop a proposal at a token that followed its context less often than this
@@ -42,7 +42,7 @@ class SuffixProposer:
     def new_index(self) -> SuffixIndex:
         return SuffixIndex(self.depth)
 
-    def proposal(self, req: Request, k: int) -> Proposal:
+    def proposal(self, req: SpeculatingRequest, k: int) -> Proposal:
         """The better-scoring of the request's own and (unless seeded) the global proposal for at
         most ``k`` tokens; the own one on a tie."""
         if req.suffix is None or k <= 0:
@@ -56,7 +56,7 @@ class SuffixProposer:
                 best = other
         return best
 
-    def lookup(self, req: Request, k: int) -> list[int]:
+    def lookup(self, req: SpeculatingRequest, k: int) -> list[int]:
         """Up to ``k`` proposed tokens, cut where the request's grammar (if any) would reject them
         (as ``NgramProposer.lookup``). A request's own-trie tokens for k are the first k of those
         for a larger k; which trie wins may change with k, which changes speed only."""
@@ -65,7 +65,7 @@ class SuffixProposer:
             tokens = tokens[: req.grammar.valid_prefix(tokens)]
         return tokens
 
-    def lookup_tree(self, req: Request, k: int) -> DraftTree:
+    def lookup_tree(self, req: SpeculatingRequest, k: int) -> DraftTree:
         """Up to ``k`` drafts as a tree of the likeliest continuations (``SuffixTrie.propose_tree``)
         where trees are on and the request takes one (``Request.takes_tree``), else ``lookup``'s
         chain. Own trie against global as in ``proposal``, by the trees' scores."""
@@ -81,7 +81,7 @@ class SuffixProposer:
                 best, best_score = tree, score
         return best
 
-    def retire(self, req: Request) -> None:
+    def retire(self, req: SpeculatingRequest) -> None:
         """A finished request's output joins the global trie (the oldest outputs leave it when the
         budget is full). A request that turned speculation off (``speculative: false``, k = 0)
         neither reads nor feeds it: its text never steers another request's proposals, and a
