@@ -37,7 +37,6 @@ def test_native_fp32_greedy_equals_transformers(gemma):
     assert prompt[:2] == [gemma.tokenizer.bos_token_id, gemma.tokenizer.convert_tokens_to_ids("<start_of_turn>")]
     run = slot_runner(gemma.model, 2, MAX_LEN, vocab_size=gemma.model.config.vocab_size, quantize="none")
     assert run.path == "native"
-    assert {layer.window for layer in run.native.layers} == {None, 512}  # global and sliding layers
     ids = list(prompt)
     with torch.inference_mode():
         for _ in range(TOKENS):
@@ -53,3 +52,17 @@ def test_gguf_blocks_serve_every_linear(gemma):
     assert run.path == "native" and run.block_layers == 7 * gemma.model.config.num_hidden_layers + 1
     fp32 = slot_runner(gemma.model, 2, MAX_LEN, vocab_size=gemma.model.config.vocab_size, quantize="none")
     assert greedy(run, prompt)[:4] == greedy(fp32, prompt)[:4]
+
+
+def test_native_fp32_rows_past_the_window_equal_transformers(gemma):
+    """A 700-token input: its last rows attend through the 512-key windows of the sliding layers
+    and over every key in the global ones."""
+    text = "def f(x):\n    return x * 2  # doubles\n" * 60
+    ids = gemma.tokenizer(text)["input_ids"][:700]
+    assert len(ids) == 700
+    run = slot_runner(gemma.model, 1, 1024, vocab_size=gemma.model.config.vocab_size, quantize="none")
+    assert {layer.window for layer in run.native.layers} == {None, 512}  # global and sliding layers
+    with torch.inference_mode():
+        ref = gemma.model(torch.tensor([ids])).logits[0, -40:].float()
+    got = run.forward([ForwardItem(region(0, 1024), 0, ids, 40)])
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=2e-3)

@@ -1,0 +1,92 @@
+"""Time to ready, peak memory and disk written by ``specdec serve``: a first start (empty cache
+directory) and a later one (the same directory), for any model argument.
+
+    python clients/startup.py --model path/to/model.gguf [--model other.gguf] [--runs 2] [-- serve flags]
+    python clients/startup.py --model default          # the embedded pair (no --model)
+
+Each start is a fresh process on a free loopback port, polled on ``/health`` until it answers
+200; "peak RSS" is the server process's VmHWM at that moment, "written" the bytes under its
+``SPECDEC_CACHE_DIR`` (the cache is the only place specdec writes to). Peers (``llama-server``)
+are timed by hand on the same file in the same run; compare only numbers from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def start(model: str, cache: Path, extra: list[str], timeout: float) -> dict:
+    """One start to ready: seconds, peak RSS and cache bytes after it."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port), *extra]
+    if model != "default":
+        cmd += ["--model", model]
+    env = {**os.environ, "SPECDEC_CACHE_DIR": str(cache)}
+    began = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode} before it was ready: {' '.join(cmd)}")
+            if time.monotonic() - began > timeout:
+                raise RuntimeError(f"not ready within {timeout:.0f} s")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        ready = time.monotonic() - began
+        return {"ready_s": ready, "peak_rss": peak_rss(proc.pid), "written": tree_bytes(cache)}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", action="append", required=True, help="a model argument, or 'default'")
+    parser.add_argument("--runs", type=int, default=2, help="starts per model: the first on an empty cache")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("serve_args", nargs="*", help="flags passed to specdec serve (after --)")
+    args = parser.parse_args(argv)
+    print(f"{'model':40} {'start':>6} {'ready s':>8} {'peak RSS GB':>12} {'written MB':>11} {'file MB':>8}")
+    for model in args.model:
+        size = Path(model).stat().st_size / 1e6 if model != "default" else float("nan")
+        with tempfile.TemporaryDirectory(prefix="specdec-startup-") as tmp:
+            for run in range(args.runs):
+                r = start(model, Path(tmp), args.serve_args, args.timeout)
+                print(f"{Path(model).name:40} {'first' if run == 0 else 'later':>6} {r['ready_s']:8.1f} "
+                      f"{r['peak_rss'] / 1e9:12.2f} {r['written'] / 1e6:11.1f} {size:8.0f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
