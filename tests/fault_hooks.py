@@ -1,6 +1,8 @@
 """Test-only faults: every engine request whose prompt text mentions a marker fails while being
 committed, after its batch's forward and verification (``fail_requests_mentioning``), or fails
-every batch it is part of before the commit (``fail_batches_holding``). The engine itself has no such hook; tests
+every batch it is part of before the commit: before the step runs (``fail_batches_holding``) or
+once the step is planned, every request's random draws taken (``fail_planned_steps_holding``).
+The engine itself has no such hook; tests
 patch it in (in-process with pytest's monkeypatch, or in a server through ``held_step_server.py``'s
 ``FAULT_MARKER``), to prove that one request's failure leaves the others running."""
 
@@ -10,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import specdec_core.engine.engine as engine_module
+from specdec_core.engine.speculative_step import SpeculativeStep
 
 
 def _mark_requests_mentioning(marker: str, setattr_: Callable[[Any, str, Any], None]) -> set[str]:
@@ -60,3 +63,21 @@ def fail_requests_mentioning(marker: str, setattr_: Callable[[Any, str, Any], No
         return real_commit(self, item, *args, **kwargs)
 
     setattr_(Engine, "_commit", commit)
+
+
+def fail_planned_steps_holding(marker: str, setattr_: Callable[[Any, str, Any], None] = setattr,
+                               after_tokens: int = 0) -> None:
+    """Patch ``SpeculativeStep._plan`` so a step holding a request whose prompt mentions ``marker``
+    (once it has ``after_tokens`` output tokens: a decode step, where the others draft) raises
+    once its plan is made (every request's uniforms drawn, as for a fault in the forward or the
+    sampler): the engine bisects the batch and runs its other requests again."""
+    faulty = _mark_requests_mentioning(marker, setattr_)
+    real_plan = SpeculativeStep._plan
+
+    def plan(self: Any, items: Any, upload: Any) -> Any:
+        planned = real_plan(self, items, upload)
+        if any(it.request.request_id in faulty and len(it.request.output_ids) >= after_tokens for it in items):
+            raise RuntimeError(f"fault injected for testing after planning (prompt mentions {marker!r})")
+        return planned
+
+    setattr_(SpeculativeStep, "_plan", plan)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import load, run_to_end
-from fault_hooks import fail_batches_holding, fail_requests_mentioning
+from fault_hooks import fail_batches_holding, fail_planned_steps_holding, fail_requests_mentioning
 from specdec_core import AsyncEngine, Engine, EngineConfig, EngineDeadError, SamplingParams
 from specdec_core.decoding.detokenizer import IncrementalDetokenizer
 
@@ -182,6 +182,24 @@ def test_a_request_that_breaks_its_batch_is_found_by_bisection_not_solo_reruns(p
     assert first[0] == 16 and len(first) <= 1 + 2 * 4, sizes
     # The survivors run together again (fewer as they finish), never split again.
     assert later[0] == 15 and later == sorted(later, reverse=True), sizes
+    assert eng.scheduler.kv_usage == 0.0
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_a_seeded_request_bisected_out_of_a_failing_batch_draws_as_if_alone(pair, method, monkeypatch):
+    """A neighbour's fault after the step was planned (the uniforms drawn) makes the engine re-run
+    the seeded request's half of the batch: it must draw the same numbers again, so its text is
+    the one it has alone (the draws used to be taken from its stream while planning, so the
+    re-run drew the next ones). The fault comes at a decode step, where the seeded request's
+    drafts are drawn too."""
+    seeded = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=42, ignore_eos=True)
+    prompt = PROMPTS[2] + " " + PROMPTS[2]  # repeats itself: the n-gram lookup finds drafts
+    alone = make(pair, method, num_speculative_tokens=3).generate([prompt], seeded)[0].token_ids
+    fail_planned_steps_holding("BOOM", monkeypatch.setattr, after_tokens=4)
+    eng = make(pair, method, num_speculative_tokens=3)
+    out = eng.generate([prompt, "please BOOM now"], [seeded, SamplingParams(max_tokens=16, temperature=1.0)])
+    assert out[1].finish_reason == "error"
+    assert out[0].token_ids == alone
     assert eng.scheduler.kv_usage == 0.0
 
 

@@ -297,8 +297,8 @@ class Engine:
             accepted, final = outcome.accepted[b], outcome.final[b]
             if accepted is None or final is None:
                 continue  # still in prefill
-            drafts = outcome.drafts[b]
-            row = outcome.row_start[b]
+            it.request.commit_draws(outcome.streams[b] if outcome.streams else None)
+            drafts, row = outcome.drafts[b], outcome.row_start[b]
             scores = outcome.logits
             if it.request.params.logprobs_mode == "processed_logprobs" and outcome.processed is not None:
                 scores = outcome.processed

@@ -7,7 +7,9 @@ tensor, the target scores every request's last token and drafts in one forward (
 from that tensor), and verification accepts and samples for all requests at once. The outcome,
 ``[B, K+2]`` (drafts, accepted count, next token), comes back in one read, which is all the
 commit needs. The phases are timed for the cost model (CUDA events on a GPU, read after that
-one read). Nothing here moves request state: a step that fails leaves nothing to undo.
+one read). Nothing here moves request state: a step that fails leaves nothing to undo. Even the
+random draws are taken from copies of the requests' streams (``Request.stream_ahead``), which
+the outcome hands to the commit; a failed step that is run again draws the same numbers.
 
 Host round trips per step: two (the upload and the read), plus one per draft position and one
 before verification for requests with a grammar (their masks depend on the drafts), plus one
@@ -19,6 +21,7 @@ warping pass, only in steps that have such a request).
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass
 
@@ -43,7 +46,9 @@ class StepOutcome:
     (``None`` for an item still in prefill), the target logits and where each item's rows start,
     and the draft cache lengths after the step. ``prompt_logits``: the rows of prompt positions
     (``ScheduledRequest.prompt_rows`` per item, from ``prompt_start``); ``processed``: the
-    verification rows' processed scores (``logits``' rows) when some item asked for them."""
+    verification rows' processed scores (``logits``' rows) when some item asked for them.
+    ``streams``: per item, the copy of its random stream the step drew from (None where it drew
+    nothing), for the commit to continue from (``Request.commit_draws``)."""
 
     drafts: list[list[int]]
     accepted: list[int | None]
@@ -57,6 +62,7 @@ class StepOutcome:
     prompt_start: list[int] | None = None
     processed: torch.Tensor | None = None
     tree_counts: tuple[int, int] = (0, 0)  # verify passes of token trees; accepted tokens off their first chain
+    streams: list[random.Random | None] | None = None
 
 
 class _Clock:
@@ -94,6 +100,7 @@ class _Plan:
     drafts: Ref  # [B, K] looked-up drafts, zeros where the draft model will draw
     u_draft: Ref  # [B, K]
     u_verify: Ref  # [B, K+1]
+    streams: list[random.Random | None]  # item -> the copy of its stream its draws came from
     target: ForwardPlan
     fill: tuple[Ref, Ref] | None  # target rows fed by drawn drafts, and their flat index in the drafts
     row_start: list[int]  # item -> its first logits row
@@ -156,7 +163,7 @@ class SpeculativeStep:
             [v[k_max] if plan.verifying[b] else None for b, v in enumerate(values)],
             [v[k_max + 1] if plan.verifying[b] else None for b, v in enumerate(values)],
             logits, plan.row_start, cached, clock.seconds(0), clock.seconds(1), prompt_logits, plan.prompt_start,
-            processed, (len(plan.tree_paths), branch_tokens))
+            processed, (len(plan.tree_paths), branch_tokens), plan.streams)
 
     def _plan(self, items: list[ScheduledRequest[Request]], upload: HostUpload) -> _Plan:
         """Lookups, how many drafts each item verifies, and everything the device needs."""
@@ -170,7 +177,7 @@ class SpeculativeStep:
         verifying = [it.completes for it in items]
         draft_ref = upload.ints(t for b in range(len(items))
                                 for t in ((looked_up[b].tokens if b in looked_up else []) + [0] * k_max)[:k_max])
-        u_draft, u_verify = self._uniforms(items, drawn, num, k_max, upload)
+        u_draft, u_verify, streams = self._uniforms(items, drawn, num, k_max, upload)
         draft_plan = drafter.plan(items, k_max, upload) if drafter is not None else None
         forward: list[ForwardItem] = []
         fill_rows: list[int] = []
@@ -195,26 +202,31 @@ class SpeculativeStep:
             prompt_row += it.prompt_rows
         target = self.target.plan(forward, upload)
         fill = (upload.ints(fill_rows), upload.ints(fill_src)) if fill_rows else None
-        plan = _Plan(looked_up, drawn, num, verifying, k_max, draft_ref, u_draft, u_verify, target, fill, row_start,
-                     prompt_start, logits_row, tree_paths, draft_plan)
+        plan = _Plan(looked_up, drawn, num, verifying, k_max, draft_ref, u_draft, u_verify, streams, target, fill,
+                     row_start, prompt_start, logits_row, tree_paths, draft_plan)
         if any(verifying):
             plan.verify = self._plan_verification(items, plan, upload)
         return plan
 
     @staticmethod
     def _uniforms(items: list[ScheduledRequest[Request]], drawn: list[int], num: list[int], k_max: int,
-                  upload: HostUpload) -> tuple[Ref, Ref]:
-        """Each sampled request's draws for this step from its own stream, in a fixed order (its
-        draft positions, then its verification): the count depends only on its own plan."""
+                  upload: HostUpload) -> tuple[Ref, Ref, list[random.Random | None]]:
+        """Each sampled request's draws for this step from a copy of its own stream, in a fixed
+        order (its draft positions, then its verification): the count depends only on its own
+        plan. Returns the copies too: the commit continues from them, a re-run starts over."""
         draft_u: list[float] = []
         verify_u: list[float] = []
+        streams: list[random.Random | None] = []
         for b, it in enumerate(items):
             r = it.request
-            d = r.draws(drawn[b]) if not r.params.greedy else [0.0] * drawn[b]
-            v = r.draws(num[b] + 1) if it.completes and not r.params.greedy else [0.0] * (num[b] + 1)
+            stream = r.stream_ahead() if not r.params.greedy and (drawn[b] or it.completes) else None
+            d = [stream.random() for _ in range(drawn[b])] if stream is not None else [0.0] * drawn[b]
+            v = ([stream.random() for _ in range(num[b] + 1)] if stream is not None and it.completes
+                 else [0.0] * (num[b] + 1))
             draft_u += d + [0.0] * (k_max - drawn[b])
             verify_u += v + [0.0] * (k_max - num[b])
-        return upload.floats(draft_u), upload.floats(verify_u)
+            streams.append(stream)
+        return upload.floats(draft_u), upload.floats(verify_u), streams
 
     def _plan_verification(self, items: list[ScheduledRequest[Request]], plan: _Plan, upload: HostUpload) -> verifier.VerifyPlan:
         """Each verified row's warping rule; its history is the drafts before it, the node's
