@@ -224,9 +224,10 @@ def _extrapolate(timed: dict[int, float], n: int) -> float:
 def warm_up(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_tokens_per_seq: int,
             max_len: int, budget_s: float = WARM_UP_BUDGET_S) -> int:
     """Run every step shape once, untimed, over empty caches (costs came from the cache, so no
-    request needs a cached context): every batch size the calibration would have run passes through
-    the linear layers and the head once before requests do (see ``Engine._measure_costs``),
-    smallest first, for at most ``budget_s``. Returns how many shapes ran."""
+    request needs a cached context): every batch size the calibration (``calibrate``) would have
+    run passes through the linear layers and the head once before requests do, smallest first, for
+    at most ``budget_s``. ``engine.startup_costs.step_costs`` calls it when the costs come from the
+    cost cache, and ``calibrate`` when they do not. Returns how many shapes ran."""
     t0 = time.perf_counter()
     ran = 0
     for _, runner, _, items in _shapes(target, draft, _tables(target, max_seqs, max_tokens_per_seq), max_tokens_per_seq,
