@@ -53,6 +53,19 @@ def test_served_from_the_file_is_the_converted_model(smol_gguf, tmp_path):
     assert torch.equal(got.forward(items), ref.forward(items))
 
 
+@pytest.mark.slow
+def test_converted_checkpoint_is_transformers_own_reading(smol_gguf):
+    """The fp32 checkpoint written for the other modes (read and dequantized here, not by
+    transformers' slower loader) holds exactly what transformers' GGUF loading gives."""
+    from transformers import AutoModelForCausalLM
+
+    ours = load(smol_gguf).model.state_dict()
+    theirs = AutoModelForCausalLM.from_pretrained(str(smol_gguf.parent), gguf_file=smol_gguf.name,
+                                                  dtype=torch.float32).state_dict()
+    assert ours.keys() == theirs.keys()
+    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+
+
 def test_other_modes_take_the_converted_path(smol_gguf):
     """fp32 needs dense weights: the loader converts (once) rather than serve empty placeholders."""
     loaded = load_model(str(smol_gguf), role="target", device="cpu", dtype="float32",

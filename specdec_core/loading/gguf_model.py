@@ -129,6 +129,20 @@ def load_gguf_model(path: Path) -> tuple[HFModule, Any]:
     return model, tokenizer
 
 
+def dequantize_blocks(model: HFModule) -> None:
+    """Turn a model ``load_gguf_model`` read into a plain float32 one (the converted path): every
+    weight kept as blocks dequantized (``gguf.quants``, as transformers' loader does), a tied head
+    tied again."""
+    blocks: dict[str, BlockWeight] = getattr(model, BLOCKS_ATTRIBUTE)
+    for name, weight in blocks.items():
+        dense = weight.dequantize_rows(torch.arange(weight.out_features))
+        model.get_submodule(name).weight = torch.nn.Parameter(dense, requires_grad=False)
+    if model.config.tie_word_embeddings:
+        model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    delattr(model, BLOCKS_ATTRIBUTE)
+    delattr(model, SOURCE_ATTRIBUTE)
+
+
 def _blocks(file: GGUFFile, gguf_name: str, module: HFModule, arch: str, config) -> BlockWeight | None:
     """The executable blocks of a linear layer's or the embedding's weight (None: read it dense)."""
     info = file.tensors[gguf_name]

@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 import specdec_core.loading.default_models as default_models
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.linear_kernels import Quantize
-from specdec_core.loading.gguf_model import can_read, load_gguf_model
+from specdec_core.loading.gguf_model import can_read, dequantize_blocks, load_gguf_model
 from specdec_core.loading.model_errors import ModelLoadError
 from specdec_core.loading.progress_log import phase
 from specdec_core.loading.stale_partials import remove_stale_partials
@@ -257,17 +257,26 @@ def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
 def _write_hf_dir(gguf: Path, out: Path) -> None:
     """Dequantize ``gguf`` and write weights (fp32), config, generation config and tokenizer to ``out``.
 
-    ``save_pretrained`` refuses GGUF-loaded models ("not serializable"), so the weights are written
-    directly and the config is saved without its ``quantization_config``.
+    An architecture ``gguf_model`` reads is read by it (seconds: ``gguf.GGUFReader``, which
+    transformers' loader uses, parses the vocabulary for 20-40 s) and its blocks dequantized by
+    the function transformers' loader calls; any other through transformers. ``save_pretrained``
+    refuses GGUF-loaded models ("not serializable"), so the weights are written directly and the
+    config is saved without its ``quantization_config``.
     """
     import transformers
 
-    with phase(logger, f"reading and dequantizing {gguf.name} ({gguf.stat().st_size / 1e9:.1f} GB) to float32"):
-        loaded: Any = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True, output_loading_info=True
-        )
-        model, info = loaded
-    _refuse_missing_weights(info, gguf)
+    size = f"{gguf.stat().st_size / 1e9:.1f} GB"
+    with phase(logger, f"reading and dequantizing {gguf.name} ({size}) to float32"):
+        if can_read(gguf):
+            model, tokenizer = load_gguf_model(gguf)
+            dequantize_blocks(model)
+        else:
+            loaded: Any = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True,
+                output_loading_info=True)
+            model, info = loaded
+            _refuse_missing_weights(info, gguf)
+            tokenizer = None
     out.mkdir(parents=True)
     _save_weights(model, out)
     config = copy.deepcopy(model.config)
@@ -277,8 +286,10 @@ def _write_hf_dir(gguf: Path, out: Path) -> None:
     config.save_pretrained(out)
     model.generation_config.save_pretrained(out)
     del model
-    with phase(logger, f"converting the tokenizer of {gguf.name}"):
-        AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
+    if tokenizer is None:
+        with phase(logger, f"converting the tokenizer of {gguf.name}"):
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer.save_pretrained(out)
     stat = gguf.stat()
     provenance = {"source": str(gguf), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
                   "transformers": transformers.__version__}
