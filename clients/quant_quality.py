@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""What a quantized CPU mode costs in quality: int8 or gguf vs fp32 next-token agreement and KL, teacher-forced.
+"""What a quantized CPU mode costs in quality: gguf or int8 vs fp32 next-token agreement and KL, teacher-forced.
 
-The CPU modes (``--quantize int8``, the default for models not from a GGUF file, and ``gguf``, the
-default for GGUF models) are lossless with respect to their own quantized model.
+The CPU modes (``--quantize gguf``, the default: a GGUF model's own blocks, Q8_0 blocks made at
+load for any other model, and ``int8``, per-row int8, an opt-in) are lossless with respect to their
+own quantized model.
 This measures how far that model is from fp32 on real text: for every position of a text built from
 ``clients/prompts.json`` (code-editing prompts, open prompts and chat prompts through the chat
 template, each followed by the fp32 model's own greedy continuation), the share of positions where
-both modes pick the same top-1 token, and the mean KL(fp32 || int8) in nats. Both modes run
+both modes pick the same top-1 token, and the mean KL(fp32 || mode) in nats. Both modes run
 through the engine's own ``ModelRunner``.
 
-    python clients/quant_quality.py                      # the default pair (target and draft)
-    python clients/quant_quality.py --model SmolLM2-135M-Instruct.Q4_1.gguf
-    python clients/quant_quality.py --mode gguf          # the GGUF's own blocks instead of int8
+    python clients/quant_quality.py                      # the default pair (target and draft), gguf
+    python clients/quant_quality.py --model SmolLM2-135M-Instruct.Q4_1.gguf --mode int8
+    python clients/quant_quality.py --model DIR          # a safetensors model: Q8_0 blocks made at load
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def texts(tokenizer, per_kind: int) -> list[list[int]]:
     return out
 
 
-def compare(loaded, per_kind: int, continue_tokens: int, mode: str = "int8") -> dict[str, float]:
+def compare(loaded, per_kind: int, continue_tokens: int, mode: str = "gguf") -> dict[str, float]:
     import torch
 
     from specdec_core.execution.kv_cache import blocks_for, region
@@ -51,9 +52,9 @@ def compare(loaded, per_kind: int, continue_tokens: int, mode: str = "int8") -> 
             logits = runners["none"].forward([ForwardItem(region(0, 2048, 16), 0, seq, 1)])
             seq.append(int(logits[0].argmax()))
         fp32 = runners["none"].forward([ForwardItem(region(0, 2048, 16), 0, seq, len(seq))])
-        int8 = runners[mode].forward([ForwardItem(region(0, 2048, 16), 0, seq, len(seq))])
-        lp, lq = torch.log_softmax(fp32, -1), torch.log_softmax(int8, -1)
-        agree += (fp32.argmax(-1) == int8.argmax(-1)).sum().item()
+        quant = runners[mode].forward([ForwardItem(region(0, 2048, 16), 0, seq, len(seq))])
+        lp, lq = torch.log_softmax(fp32, -1), torch.log_softmax(quant, -1)
+        agree += (fp32.argmax(-1) == quant.argmax(-1)).sum().item()
         kl += (lp.exp() * (lp - lq)).sum(-1).sum().item()
         positions += len(seq)
     return {"positions": positions, "top1_agreement": agree / positions, "kl_nats": kl / positions}
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="target (default: the embedded pair, both models)")
     p.add_argument("--per-kind", type=int, default=3, help="prompts per kind")
     p.add_argument("--continue-tokens", type=int, default=24, help="greedy fp32 tokens appended to each prompt")
-    p.add_argument("--mode", default="int8", choices=["int8", "gguf"], help="the quantized mode compared with fp32")
+    p.add_argument("--mode", default="gguf", choices=["gguf", "int8"], help="the quantized mode compared with fp32")
     args = p.parse_args(argv)
     repo_root = str(Path(__file__).resolve().parent.parent)
     if repo_root not in sys.path:

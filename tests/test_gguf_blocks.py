@@ -4,7 +4,9 @@
    ``gguf`` package's own dequantization of the blocks and the activations quantized per row to
    8 bits (one scale per 32 values);
 2. a row's result is bit-identical (``torch.equal``) alone, in 5 or 16 rows, on 1 or 2 threads;
-3. the fused layer (mixed formats, one output) equals its parts, and a row subset its rows.
+3. the fused layer (mixed formats, one output) equals its parts, and a row subset its rows;
+4. ``--quantize gguf`` on a float weight makes ggml's own Q8_0 blocks at load (per-row int8 where
+   a row is not a multiple of 32).
 
 Every format runs on both the AVX2 kernels (where the CPU has them) and the portable ones.
 """
@@ -20,6 +22,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
 from specdec_core.execution import gguf_kernels
 from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
+from specdec_core.execution.linear_kernels import RowInt8Linear, prepare_linear
+from specdec_core.execution.q8_0_blocks import quantize_q8_0
 
 T = GGMLQuantizationType
 FORMATS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
@@ -225,6 +229,23 @@ def test_fused_mixed_formats_equal_parts_and_row_subset():
     rows = [3, 30, 0, 17]
     sub = GGUFLinear([q.rows(rows[:1] + rows[2:]), v.rows([0])], None)(x)
     assert torch.equal(sub[..., 0], parts[0][..., 3]) and torch.equal(sub[..., 3], parts[2][..., 0])
+
+
+def test_float_weights_get_ggmls_q8_0_blocks_at_load():
+    gen = torch.Generator().manual_seed(8)
+    weight = torch.randn(300, 320, generator=gen)  # 300 rows: the quantizer's row chunks do not divide it
+    weight[5, 32:64] = 0.0  # an all-zero block (scale 0)
+    weight[7, :32] = torch.arange(32) * 0.5 - 8  # ties: ggml rounds half away from zero
+    blocks = quantize_q8_0(weight)
+    assert blocks.ggml_type == int(T.Q8_0)
+    assert np.array_equal(blocks.blocks.numpy(), quants.quantize(weight.numpy(), T.Q8_0))
+    bias = torch.randn(300, generator=gen)
+    layer = prepare_linear(weight, bias, "gguf")
+    assert isinstance(layer, GGUFLinear) and layer.formats == ["Q8_0"]
+    x = activations(5, 320, seed=9)
+    assert torch.equal(layer(x), GGUFLinear([blocks], bias)(x))
+    assert all(torch.equal(layer(x[i:i + 1]), layer(x)[i:i + 1]) for i in range(5))
+    assert isinstance(prepare_linear(torch.randn(8, 48), None, "gguf"), RowInt8Linear)  # 48: no Q8_0 row
 
 
 def test_unsupported_format_or_length_refused():

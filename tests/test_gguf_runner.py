@@ -4,14 +4,20 @@
   are their dequantization): the block kernels serve every projection and the head, each row is
   bit-identical alone, batched and verified as drafts (the batch-invariance contract), and the
   logits are as close to the fp32 model's as int8's are;
+- the same model without file blocks (a safetensors model): every linear gets Q8_0 blocks made
+  at load, with the same bit-for-bit contract;
 - SmolLM2-135M's real GGUF (Q4_1 + a Q8_0 tied head, llama q/k permutation): the blocks handed to
   each layer dequantize exactly to the converted weights, and the logits agree with fp32 far
-  better than int8's do (kernel rounding only: no second quantization of the weights).
+  better than int8's do (kernel rounding only: no second quantization of the weights);
+- SmolLM2-135M as safetensors in the CPU default mode (Q8_0 made at load): its greedy answer to a
+  code prompt is fp32's, where per-row int8's degenerates.
 """
 
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,8 +26,9 @@ from gguf import GGMLQuantizationType, quants
 
 from conftest import load, region, slot_runner
 from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
-from specdec_core.execution.gguf_weights import ATTRIBUTE, gguf_source, read_block_weights
+from specdec_core.execution.gguf_weights import ATTRIBUTE, detach_block_weights, gguf_source, read_block_weights
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+from specdec_core.loading.loader import convert_gguf, resolve_quantize
 from test_batch_invariance import MAX_LEN, NUM_DRAFTS, PROMPT_LEN, alone, others
 from test_gguf_blocks import blocks_for
 
@@ -47,9 +54,11 @@ def kquant_model(tiny_model_factory):
     return loaded
 
 
-def make_runner(loaded, quantize: str) -> ModelRunner:
-    if quantize == "gguf":
+def make_runner(loaded, quantize: str, file_blocks: bool = True) -> ModelRunner:
+    if quantize == "gguf" and file_blocks:
         attach_random_blocks(loaded.model)  # the runner drops the blocks once prepared
+    else:
+        detach_block_weights(loaded.model)  # the fixture's own
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
     return slot_runner(loaded.model, 17, MAX_LEN, vocab_size=vocab, quantize=quantize)
 
@@ -62,8 +71,15 @@ def test_blocks_serve_every_linear(kquant_model):
     assert not any(hasattr(m, ATTRIBUTE) for m in kquant_model.model.modules())
 
 
-def test_rows_bit_identical_batched_and_as_drafts(kquant_model):
-    run = make_runner(kquant_model, "gguf")
+def test_q8_0_blocks_made_at_load_without_file_blocks(kquant_model):
+    run = make_runner(kquant_model, "gguf", file_blocks=False)
+    layers = [m for m in run.native.modules() if hasattr(m, "kernel")]
+    assert layers and all(isinstance(m, GGUFLinear) and m.formats == ["Q8_0"] for m in layers)
+
+
+@pytest.mark.parametrize("file_blocks", [True, False], ids=["file_blocks", "q8_0_at_load"])
+def test_rows_bit_identical_batched_and_as_drafts(kquant_model, file_blocks):
+    run = make_runner(kquant_model, "gguf", file_blocks)
     rng = random.Random("gguf")
     vocab = run.vocab_size
     prompt = [rng.randrange(vocab) for _ in range(PROMPT_LEN)]
@@ -136,3 +152,45 @@ def test_smollm2_blocks_are_the_converted_weights_and_close_to_fp32(smol_gguf):
     agree = (logits["none"].argmax(-1) == logits["gguf"].argmax(-1)).float().mean().item()
     assert agree >= 0.95 and kl("gguf") < 0.02, (agree, kl("gguf"))
     assert kl("gguf") < kl("int8") / 3
+
+
+@pytest.fixture(scope="module")
+def smol_safetensors(smol_gguf, tmp_path_factory):
+    """SmolLM2-135M as a plain safetensors directory, as a user would bring it: the converted fp32
+    weights without the record that ties them to the GGUF file (so no file blocks)."""
+    converted = convert_gguf(smol_gguf, Path(os.environ["SPECDEC_CACHE_DIR"]))
+    out = tmp_path_factory.mktemp("smol_safetensors")
+    for f in converted.iterdir():
+        if f.name != "specdec_conversion.json":
+            (out / f.name).symlink_to(f)
+    loaded = load(out)
+    assert gguf_source(loaded.model) is None
+    return loaded
+
+
+@pytest.mark.slow
+def test_smollm2_default_cpu_mode_keeps_fp32s_answer(smol_safetensors):
+    """The CPU default for a safetensors model must not make the model worse: on
+    ``def quicksort(arr):`` fp32 answers ``return sorted_arr ...``; per-row int8 (the default
+    until 2026-11-28) answers ``if len(arr) <= 1: ... return [xortortort...`` and fails both
+    checks (KL 0.045 nats on these positions), Q8_0 made at load keeps the answer (KL 0.004)."""
+    loaded = smol_safetensors
+    mode = resolve_quantize("auto", torch.device("cpu"), torch.float32)
+    if mode != "gguf":
+        pytest.skip("the block kernels are not vectorized here: the CPU default stays per-row int8")
+    ids = loaded.tokenizer("def quicksort(arr):").input_ids
+    with torch.inference_mode():  # transformers' fp32 forward is the reference
+        full = loaded.model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0].tolist()
+        fp32 = loaded.model(torch.tensor([full])).logits[0, len(ids) - 1:-1]
+    assert loaded.tokenizer.decode(full[len(ids):]).startswith("\n    return sorted_arr\n")
+    run = slot_runner(loaded.model, 1, 256, vocab_size=fp32.shape[-1], quantize=mode)
+    first = 10
+    out, greedy = run.forward([ForwardItem(region(0, 256), 0, ids, 1)]), []
+    for i in range(first):
+        greedy.append(int(out[-1].argmax()))
+        out = run.forward([ForwardItem(region(0, 256), len(ids) + i, greedy[-1:], 1)])
+    assert greedy == full[len(ids):len(ids) + first], loaded.tokenizer.decode(greedy)
+    got = run.forward([ForwardItem(region(0, 256), 0, full, len(full))])[len(ids) - 1:-1]
+    lp, lq = torch.log_softmax(fp32, -1), torch.log_softmax(got, -1)
+    kl = (lp.exp() * (lp - lq)).sum(-1).mean().item()
+    assert kl < 0.015, kl

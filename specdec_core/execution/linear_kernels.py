@@ -14,7 +14,10 @@ CPU (torch 2.13, ``clients/step_costs.py`` and the tests in ``tests/test_batch_i
   own max-abs before the quantized GEMM, multiplied back after) is bit-identical for every M and
   about 7x faster than fp32 per layer for one row (3.7x for a whole decode step of the 1.5B).
   ``torch.ao`` dynamic int8 uses one scale per call,
-  so a row's output depends on the other rows: that mode is not offered any more.
+  so a row's output depends on the other rows: that mode is not offered any more. One scale per
+  output channel garbles small models (SmolLM2-135M), so int8 is an opt-in: ``gguf`` mode gives
+  a float weight Q8_0 blocks instead (one scale per 32 weights, ``q8_0_blocks``), run by the block
+  kernels with the same per-row contract.
 
 On CUDA the layer is a plain bf16/fp16/fp32 ``F.linear``; cuBLAS makes no row-invariance promise.
 """
@@ -27,7 +30,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-# "gguf": a GGUF model's own blocks (``gguf_linear``); layers without executable blocks get int8.
+# "gguf": the GGUF block kernels (``gguf_linear``): a GGUF model's own blocks, and Q8_0 blocks made at
+# load (``q8_0_blocks``) for every other layer (per-row int8 where a row is not a multiple of 32).
 Quantize = Literal["none", "int8", "gguf"]
 
 # fbgemm's quantized GEMM wants the activation as uint8 with a zero point; each row scaled into
@@ -131,6 +135,12 @@ class DenseLinear(PreparedLinear):
 def prepare_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantize: Quantize) -> PreparedLinear:
     """The kernel for this weight's device and ``quantize`` mode (see the module docstring)."""
     if weight.device.type == "cpu":
+        if quantize == "gguf":
+            from specdec_core.execution.q8_0_blocks import q8_0_linear  # imports this module
+
+            blocks = q8_0_linear(weight, bias)
+            if blocks is not None:
+                return blocks
         if quantize in ("int8", "gguf"):
             return RowInt8Linear(weight, bias)
         if weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
@@ -145,7 +155,8 @@ def prepare_linears(module: torch.nn.Module, quantize: Quantize) -> torch.nn.Mod
 
     This is how the generic (transformers) execution path gets row-invariant linear layers; the
     native Llama-family path prepares its fused projections directly. In ``gguf`` mode the layers
-    with executable blocks were replaced before (``gguf_weights.prepare_block_linears``).
+    with executable file blocks were replaced before (``gguf_weights.prepare_block_linears``); the
+    rest get Q8_0 blocks here.
     """
     for name, child in list(module.named_children()):
         if isinstance(child, torch.nn.Linear):

@@ -74,13 +74,15 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 def resolve_quantize(quantize: str, device: torch.device, dtype: torch.dtype,
                      model: torch.nn.Module | None = None) -> Quantize:
-    """``"auto"`` on the CPU in float32 is ``"gguf"`` for a ``model`` loaded from a GGUF file where the
-    AVX2 block kernels run, else int8; ``"none"`` elsewhere (int8 and gguf off the CPU are
-    refused). Why: on the 2-core dev machine (docs/speculation-and-execution.md) a one-token step
-    of the default 1.5B costs 0.65x int8 in gguf (it reads 1.0 GB of weights against 1.5) and
-    verifying 4 drafts 0.80x, and gguf is the file's own model, while int8 re-rounds it; int8 is
-    54 ms against 200 ms in fp32, and both are batch-invariant. ``"gguf"`` serves a GGUF model's
-    own quantized blocks (``gguf_linear``), int8 for the layers they do not cover."""
+    """``"auto"`` on the CPU in float32 is ``"gguf"`` where the AVX2 block kernels run, else int8;
+    ``"none"`` elsewhere (int8 and gguf off the CPU are refused). ``"gguf"`` runs the block kernels
+    (``gguf_linear``): a GGUF model's own quantized blocks, and Q8_0 blocks made at load
+    (``q8_0_blocks``) for a safetensors model and for the layers the file's blocks do not cover.
+    Why: per-row int8 garbles small models (SmolLM2-135M) and is further from fp32 than the 4-bit
+    GGUF on the 1.5B (top-1 0.945, KL 0.107 nats), while Q8_0 (one scale per 32 weights) stays
+    close (docs/benchmarks.md); on the 2-core dev machine a one-token step of the default 1.5B
+    costs 0.65x int8 on the file's blocks (1.0 GB of weights read against 1.5), and all of them
+    are batch-invariant. ``model`` is not needed any more (kept for callers)."""
     if quantize not in ("auto", "none", "int8", "gguf"):
         raise ValueError(f"unknown quantize {quantize!r}; expected 'auto', 'none', 'int8' or 'gguf'")
     cpu_fp32 = device.type == "cpu" and dtype == torch.float32
@@ -88,10 +90,8 @@ def resolve_quantize(quantize: str, device: torch.device, dtype: torch.dtype,
         if not cpu_fp32:
             return "none"
         from specdec_core.execution import gguf_kernels
-        from specdec_core.execution.gguf_weights import gguf_source
 
-        from_gguf = model is not None and gguf_source(model) is not None
-        return "gguf" if from_gguf and gguf_kernels.vectorized() else "int8"
+        return "gguf" if gguf_kernels.vectorized() else "int8"
     if quantize in ("int8", "gguf") and not cpu_fp32:
         raise ModelLoadError(
             f"quantize={quantize!r} (per-row quantized CPU kernels) runs only on the CPU in float32, "
