@@ -108,6 +108,10 @@ async def _load_engine(state: ServerState, host: EngineHost, on_fatal: Callable[
         return
     if state.phase is not Phase.LOADING:  # shutdown began while loading; lifespan exit stops it
         return
+    if state.settings.chat_template_text is not None:  # before the first chat request can render
+        had_own = bool(getattr(engine.tokenizer, "chat_template", None))
+        engine.tokenizer.chat_template = state.settings.chat_template_text
+        log.info("chat template: from --chat-template", replaced_the_models_own=had_own)
     state.engine = engine
     state.phase = Phase.READY
     log.info(

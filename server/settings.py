@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # importing specdec_core pulls in torch; `specdec --help` should not wait for it
@@ -50,6 +51,13 @@ class ServerSettings:
         empty_is_value=True))
     served_model_name: str | None = field(default=None, metadata=_flag(
         "the model name clients send and /v1/models lists", group="models", default_help="the target's name"))
+    # A GGUF's metadata may carry no template (Gemma 3 270M's has none); vLLM and llama.cpp take one here.
+    chat_template: str | None = field(default=None, metadata=_flag(
+        "the Jinja chat template /v1/chat/completions renders with: a file's path, or the template itself "
+        "(inline text with '{{' or '{%%'); replaces the target tokenizer's own", group="models",
+        default_help="the target tokenizer's own"))
+    # --chat-template's text, read once at start (a replica elsewhere need not have the file)
+    chat_template_text: str | None = field(default=None, init=False, repr=False)
     max_queue: int | None = field(default=256, metadata=_flag(
         "requests allowed to wait beyond --max-num-seqs running ones; more get 429 with Retry-After",
         minimum=0))
@@ -127,6 +135,8 @@ class ServerSettings:
         "comma-separated request headers cross-origin requests may send, with --allowed-origins"))
 
     def __post_init__(self) -> None:
+        if self.chat_template is not None:
+            self.chat_template_text = read_chat_template(self.chat_template)
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError(
                 "the API key is empty, which would leave the /v1 routes open; give a key, or unset "
@@ -182,6 +192,25 @@ class ServerSettings:
             f"max_connections_per_client={self.max_connections_per_client}, "
             f"allowed_origins={self.allowed_origins!r})"
         )
+
+
+def read_chat_template(value: str) -> str:
+    """``--chat-template``'s template: the file ``value`` names, else ``value`` itself when it is
+    Jinja (vLLM and llama.cpp accept both forms). A value that is neither is refused at start, so a
+    mistyped path is not served as a template that renders the path."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--chat-template: cannot read {path}: {exc}") from None
+    elif "{{" in value or "{%" in value:
+        text = value
+    else:
+        raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template (no '{{{{' or '{{%')")
+    if not text.strip():
+        raise ValueError("--chat-template: the template is empty")
+    return text
 
 
 def _split_hosts(text: str) -> frozenset[str]:

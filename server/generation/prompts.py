@@ -82,7 +82,8 @@ def render_chat(
     """
     if not getattr(tokenizer, "chat_template", None):
         raise invalid_request(
-            "This model has no chat template; use /v1/completions with a plain prompt.", "messages", code="no_chat_template"
+            "This model has no chat template: start the server with --chat-template (a Jinja file or string), "
+            "or use /v1/completions with a plain prompt.", "messages", code="no_chat_template"
         )
     try:
         ids = tokenizer.apply_chat_template(
