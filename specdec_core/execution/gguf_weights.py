@@ -105,7 +105,7 @@ def read_block_weights(path: Path, model: HFModule) -> dict[str, BlockWeight]:
         found[name] = weight
     if mismatched:
         logger.warning("%d linear layers of %s are not the tensors %s names for them (a model changed after "
-                       "loading?), e.g. %s: they run in int8", len(mismatched), cfg.model_type, path.name, mismatched[0])
+                       "loading?), e.g. %s: they run as Q8_0 made at load", len(mismatched), cfg.model_type, path.name, mismatched[0])
     return found
 
 
