@@ -88,3 +88,18 @@ def test_gemma3_from_the_file(gemma3_gguf, tmp_path):
     ref = slot_runner(converted.model, 2, 64, vocab_size=vocab, quantize="gguf")
     items = [ForwardItem(region(0, 64), 0, ids, len(ids))]
     assert torch.equal(got.forward(items), ref.forward(items))
+
+
+def test_a_draft_head_over_part_of_the_vocabulary(smol_gguf, tmp_path):
+    """A draft's frequent-vocabulary head (``head_rows``) of a file-served model takes those rows of
+    the tied head's blocks: its logits are the full head's for those ids, -inf elsewhere."""
+    served = load_model(str(smol_gguf), role="draft", device="cpu", dtype="float32", cache_dir=tmp_path,
+                        progress=False, quantize="gguf")
+    vocab = served.model.config.vocab_size
+    rows = list(range(0, vocab, 7))
+    ids = served.tokenizer(PROMPT)["input_ids"]
+    items = [ForwardItem(region(0, 64), 0, ids, 3)]
+    full = slot_runner(served.model, 2, 64, vocab_size=vocab, quantize="gguf").forward(items)
+    part = slot_runner(served.model, 2, 64, vocab_size=vocab, quantize="gguf", head_rows=rows).forward(items)
+    assert torch.equal(part[:, rows], full[:, rows])
+    assert torch.isinf(part[:, 1]).all()

@@ -172,12 +172,13 @@ class NativeDecoder(torch.nn.Module):
         self.norm = RMSNorm(spec.final_norm.weight, spec.final_norm.eps, fused)
         self.embed_scale = None if spec.embed_scale is None else torch.tensor(spec.embed_scale).to(like.dtype)
         head = model.get_output_embeddings()
-        weight, bias = head.weight.detach(), getattr(head, "bias", None)
-        self.head_rows = torch.tensor(head_rows, dtype=torch.long, device=weight.device) if head_rows else None
-        if self.head_rows is not None:
-            weight = weight[self.head_rows]
-            bias = bias.detach()[self.head_rows] if bias is not None else None
+        self.head_rows = torch.tensor(head_rows, dtype=torch.long, device=like.device) if head_rows else None
         blocks = block_linear([head], self.head_rows) if quantize == "gguf" else None
+        if blocks is None:
+            weight, bias = _dense_weight(head), getattr(head, "bias", None)
+            if self.head_rows is not None:
+                weight = weight[self.head_rows]
+                bias = bias.detach()[self.head_rows] if bias is not None else None
         self.lm_head: PreparedLinear = blocks or prepare_linear(weight, bias, quantize)
         if release and head.weight is not base.embed_tokens.weight:
             _release(head)
