@@ -69,13 +69,14 @@ class EngineConfig:
     device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata=_flag("where both models run"))
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(default="auto", metadata=_flag(
         "weight/activation dtype"))
-    # "auto": on the CPU a GGUF model's own blocks (where the AVX2 kernels run), else per-row int8
-    # (both fast and batch-invariant); none (bf16) on CUDA.
+    # "auto": on the CPU the block kernels where the AVX2 ones run (a GGUF model's own blocks, Q8_0
+    # made at load for any other model: per-row int8 garbles small models), else per-row int8 (all
+    # batch-invariant); none (bf16) on CUDA.
     quantize: Literal["auto", "none", "int8", "gguf"] = field(default="auto", metadata=_flag(
-        "linear layers: int8 (per-row activation and per-channel weight scales, batch-invariant; CPU only), "
-        "gguf (a GGUF model's own quantized blocks, 8-bit per-row activations, batch-invariant; CPU only), "
-        "none (fp32 on CPU, bf16 on CUDA), auto = gguf for a GGUF model on an AVX2 CPU, else int8 on CPU, "
-        "none on CUDA"))
+        "linear layers: gguf (the GGUF block kernels: a GGUF model's own quantized blocks, Q8_0 blocks made at "
+        "load for any other model or layer; 8-bit per-row activations, batch-invariant; CPU only), "
+        "int8 (opt-in: per-row activation and per-channel weight scales, batch-invariant, lower quality; CPU only), "
+        "none (fp32 on CPU, bf16 on CUDA), auto = gguf on an AVX2 CPU, else int8 on CPU, none on CUDA"))
     # "segments" keeps every row bit-identical alone and batched (the CPU's promise); "packed" is
     # one attention call per layer for the whole step (what a launch-bound GPU needs).
     attention: Literal["auto", "segments", "packed"] = field(default="auto", metadata=_flag(
