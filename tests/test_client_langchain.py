@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import langchain_openai
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from server_helpers import ServerProcess
 
 
 class City(BaseModel):
     """A city and its country."""
+
+    # Closed (additionalProperties: false): with extra keys allowed, the grammar lets a tiny random
+    # model go on adding members, and whether it closes the object within max_tokens is chance.
+    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(max_length=12)
     country: str = Field(max_length=12)
