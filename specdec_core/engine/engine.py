@@ -282,28 +282,26 @@ class Engine:
         """Where a step moves running requests' state (cache cursors, tokens, stops); admission
         and blocks are the scheduler's."""
         outputs = []
-        for b, it in enumerate(plan.items):
-            if it.prompt_rows and outcome.prompt_logits is not None and outcome.prompt_start is not None:
+        for it, o in zip(plan.items, outcome.items, strict=True):
+            if it.prompt_rows and outcome.prompt_logits is not None:
                 try:
-                    self._score_prompt(it.request, outcome.prompt_logits, outcome.prompt_start[b], it.prompt_rows)
+                    self._score_prompt(it.request, outcome.prompt_logits, o.prompt_start, it.prompt_rows)
                 except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
                     log.error("request %s failed", it.request.request_id, exc_info=exc)
                     outputs.append(self._fail(it.request, exc))
                     continue
             it.request.num_computed += it.num_new
-            if outcome.draft_cached[b] is not None:
-                it.request.draft_computed = outcome.draft_cached[b]  # type: ignore[assignment]
+            if o.draft_cached is not None:
+                it.request.draft_computed = o.draft_cached
             self.scheduler.record_cached(it.request)
-            accepted, final = outcome.accepted[b], outcome.final[b]
-            if accepted is None or final is None:
+            if o.accepted is None or o.final is None:
                 continue  # still in prefill
-            it.request.commit_draws(outcome.streams[b] if outcome.streams else None)
-            drafts, row = outcome.drafts[b], outcome.row_start[b]
+            it.request.commit_draws(o.stream)
             scores = outcome.logits
             if it.request.params.logprobs_mode == "processed_logprobs" and outcome.processed is not None:
                 scores = outcome.processed
             try:
-                out = self._commit(it, drafts, accepted, final, scores[row:row + len(drafts) + 1])
+                out = self._commit(it, o.drafts, o.accepted, o.final, scores[o.row_start:o.row_start + len(o.drafts) + 1])
             except Exception as exc:  # noqa: BLE001 - one request's failure must not end the others
                 log.error("request %s failed", it.request.request_id, exc_info=exc)
                 out = self._fail(it.request, exc)

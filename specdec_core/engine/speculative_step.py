@@ -41,28 +41,37 @@ from specdec_core.speculation.scheduled_request import ScheduledRequest
 
 
 @dataclass
-class StepOutcome:
-    """What the commit reads: per item its drafts, how many were accepted and the next token
-    (``None`` for an item still in prefill), the target logits and where each item's rows start,
-    and the draft cache lengths after the step. ``prompt_logits``: the rows of prompt positions
-    (``ScheduledRequest.prompt_rows`` per item, from ``prompt_start``); ``processed``: the
-    verification rows' processed scores (``logits``' rows) when some item asked for them.
-    ``streams``: per item, the copy of its random stream the step drew from (None where it drew
-    nothing), for the commit to continue from (``Request.commit_draws``)."""
+class ItemOutcome:
+    """One item's share of the step, what the commit reads of it. ``accepted`` of ``drafts`` were
+    kept and ``final`` follows them (both None for an item still in prefill: nothing verified);
+    its verification rows start at ``row_start`` of the step's logits, its prompt rows
+    (``ScheduledRequest.prompt_rows``) at ``prompt_start`` of the prompt logits; ``draft_cached``:
+    its draft-cache length after the step (None: unchanged); ``stream``: the copy of its random
+    stream the step drew from (None: it drew nothing), to continue from (``Request.commit_draws``)."""
 
-    drafts: list[list[int]]
-    accepted: list[int | None]
-    final: list[int | None]
+    drafts: list[int]
+    accepted: int | None
+    final: int | None
+    row_start: int
+    prompt_start: int
+    draft_cached: int | None
+    stream: random.Random | None
+
+
+@dataclass
+class StepOutcome:
+    """What the commit reads: each item's outcome (``items``, in the step's order), the target
+    logits of the verification rows, the prompt positions' rows (``prompt_logits``) and the
+    verification rows' processed scores (``processed``, rows as ``logits``) when some item asked
+    for them, and the phases' times for the cost model."""
+
+    items: list[ItemOutcome]
     logits: torch.Tensor
-    row_start: list[int]
-    draft_cached: list[int | None]
     draft_seconds: float = 0.0  # the draft model's forwards and draws
     target_seconds: float = 0.0  # the target forward
     prompt_logits: torch.Tensor | None = None
-    prompt_start: list[int] | None = None
     processed: torch.Tensor | None = None
     tree_counts: tuple[int, int] = (0, 0)  # verify passes of token trees; accepted tokens off their first chain
-    streams: list[random.Random | None] | None = None
 
 
 class _Clock:
@@ -138,12 +147,11 @@ class SpeculativeStep:
         prompt_logits = None
         if logits.shape[0] > plan.verify_rows:
             logits, prompt_logits = logits[:plan.verify_rows], logits[plan.verify_rows:]
-        cached: list[int | None] = plan.draft.cached if plan.draft is not None else [None] * bsz
         if plan.verify is None:
             if clock.cuda:
                 torch.cuda.synchronize()
-            return StepOutcome([[] for _ in items], [None] * bsz, [None] * bsz, logits, plan.row_start, cached,
-                               clock.seconds(0), clock.seconds(1), prompt_logits, plan.prompt_start)
+            return StepOutcome(self._outcomes(plan, [None] * bsz), logits, clock.seconds(0), clock.seconds(1),
+                               prompt_logits)
         masks = self._grammar_masks(items, plan, drafts, q)
         packed = verifier.verify_step(logits, plan.verify, upload, drafts, q,
                                       upload[plan.u_verify].view(bsz, k_max + 1), masks)
@@ -152,18 +160,24 @@ class SpeculativeStep:
             table = plan.verify.table.table(upload)
             table.allowed = masks
             processed = processed_scores(logits, table, drafts)
-        values = packed.tolist()  # the step's one read
-        drafts_out = [v[:plan.num[b]] for b, v in enumerate(values)]
+        rows = [verifier.VerifiedRow.of(v, k_max) for v in packed.tolist()]  # the step's one read
+        verified = [row if plan.verifying[b] else None for b, row in enumerate(rows)]
+        outcomes = self._outcomes(plan, verified)
         branch_tokens = 0
         for b in plan.tree_paths:
-            drafts_out[b], off_chain = self._settle_tree(items[b], plan.looked_up[b], values[b], k_max)
+            outcomes[b].drafts, off_chain = self._settle_tree(items[b], plan.looked_up[b], rows[b].path)
             branch_tokens += off_chain
-        return StepOutcome(
-            drafts_out,
-            [v[k_max] if plan.verifying[b] else None for b, v in enumerate(values)],
-            [v[k_max + 1] if plan.verifying[b] else None for b, v in enumerate(values)],
-            logits, plan.row_start, cached, clock.seconds(0), clock.seconds(1), prompt_logits, plan.prompt_start,
-            processed, (len(plan.tree_paths), branch_tokens), plan.streams)
+        return StepOutcome(outcomes, logits, clock.seconds(0), clock.seconds(1), prompt_logits, processed,
+                           (len(plan.tree_paths), branch_tokens))
+
+    @staticmethod
+    def _outcomes(plan: _Plan, verified: list[verifier.VerifiedRow | None]) -> list[ItemOutcome]:
+        """Each item's outcome from its plan and its verified row (None: not verified)."""
+        cached = plan.draft.cached if plan.draft is not None else [None] * len(verified)
+        return [ItemOutcome(row.drafts[:plan.num[b]] if row else [], row.accepted if row else None,
+                            row.final if row else None, plan.row_start[b], plan.prompt_start[b], cached[b],
+                            plan.streams[b])
+                for b, row in enumerate(verified)]
 
     def _plan(self, items: list[ScheduledRequest[Request]], upload: HostUpload) -> _Plan:
         """Lookups, how many drafts each item verifies, and everything the device needs."""
@@ -247,15 +261,13 @@ class SpeculativeStep:
                                       [plan.looked_up[b].parents if b in plan.tree_paths else list(range(-1, n - 1))
                                        for b, n in enumerate(plan.num)] if plan.tree_paths else None)
 
-    def _settle_tree(self, item: ScheduledRequest[Request], tree: DraftTree, value: list[int],
-                     k_max: int) -> tuple[list[int], int]:
+    def _settle_tree(self, item: ScheduledRequest[Request], tree: DraftTree, path: list[int]) -> tuple[list[int], int]:
         """After a tree's verification: move the accepted path's keys and values to the positions
         the path now holds (node j's were written at position known + j). Returns the drafts the
         commit sees (the accepted path, then the likelier branch below where it stopped: the chain
         this pass amounts to, so acceptance is counted as for a chain) and how many accepted
         tokens came from off the first chain. Only cache rows past the request's committed tokens
         move: a step that fails later leaves nothing to undo."""
-        path = value[k_max + 2:k_max + 2 + value[k_max]]
         known_end = item.request.num_computed + item.num_new
         moves = [(known_end + node, known_end + d) for d, node in enumerate(path) if node != d]
         if moves:

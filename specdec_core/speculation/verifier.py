@@ -104,13 +104,31 @@ class VerifyPlan:
         return cls(upload.ints(rows), upload.ints(num_drafts), upload.ints(int(x) for x in one_hot), table, k_max, tree)
 
 
+@dataclass(frozen=True)
+class VerifiedRow:
+    """One item's row of ``verify_step``'s packed result, read on the host: the layout is named
+    here, beside the packing, so no reader counts offsets. ``drafts``: the ``k_max`` drafts as
+    verified (padding after the item's own), ``accepted`` of them kept, then ``final``;
+    ``path``: the accepted nodes of a token tree (empty without trees in the step)."""
+
+    drafts: list[int]
+    accepted: int
+    final: int
+    path: list[int]
+
+    @classmethod
+    def of(cls, row: list[int], k_max: int) -> VerifiedRow:
+        return cls(row[:k_max], row[k_max], row[k_max + 1], row[k_max + 2:k_max + 2 + row[k_max]])
+
+
 def verify_step(logits: torch.Tensor, plan: VerifyPlan, upload: HostUpload, drafts: torch.Tensor,
                 draft_probs: torch.Tensor | None, u: torch.Tensor, masks: torch.Tensor | None) -> torch.Tensor:
     """Warp the target rows, verify every item, and pack ``[B, K+2]``: its drafts, how many were
     accepted, the token that follows them. ``u`` ``[B, K+1]``: each item's uniforms; ``masks``:
     grammar masks of the target rows (None without grammars). With token trees in the step
     (``plan.parents``) it packs ``[B, 2K+2]``: the drafts, how many were accepted, the token that
-    follows, then the accepted path's nodes (a chain's path is its first drafts)."""
+    follows, then the accepted path's nodes (a chain's path is its first drafts). ``VerifiedRow``
+    reads a row of either."""
     table = plan.table.table(upload)
     table.allowed = masks
     bsz, k_max = drafts.shape
