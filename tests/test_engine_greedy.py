@@ -144,7 +144,8 @@ def test_adaptive_speculation_stays_exact(pairs):
     pair = pairs["qwen2"]
     alone = engine(pair, "none").generate(PROMPTS, GREEDY)
     target, draft = pair
-    eng = Engine.from_loaded(EngineConfig(speculative_method="draft", num_speculative_tokens=5), target, draft)
+    eng = Engine.from_loaded(EngineConfig(speculative_method="draft", num_speculative_tokens=5, quantize="int8"), target,
+                             draft)  # adaptive (the default), in the reference's mode
     assert [c.token_ids for c in eng.generate(PROMPTS, GREEDY)] == [c.token_ids for c in alone]
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec_core.execution import gguf_kernels
-from specdec_core.execution.linear_kernels import PreparedLinear
+from specdec_core.execution.prepared_linear import PreparedLinear
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from specdec_core.execution.prepared_linear import PreparedLinear
+from specdec_core.execution.q8_0_blocks import q8_0_linear
+
 # "gguf": the GGUF block kernels (``gguf_linear``): a GGUF model's own blocks, and Q8_0 blocks made at
 # load (``q8_0_blocks``) for every other layer (per-row int8 where a row is not a multiple of 32).
 Quantize = Literal["none", "int8", "gguf"]
@@ -48,21 +51,6 @@ _ROW_ZERO_POINT = 128
 # 0.5B 0.948 / 0.020 -> 0.939 / 0.018. Taking the bit from the activations instead (7-bit, scale
 # 1/63) kept the kernel exact but cost far more on SmolLM2 (KL 0.21-0.31 on three prompts).
 _WEIGHT_QMAX = 63
-
-
-class PreparedLinear(torch.nn.Module):
-    """A linear layer whose weight was laid out once for one kernel; ``forward`` is row-invariant
-    on the CPU kernels (see the module docstring)."""
-
-    kernel: str
-
-    def __init__(self, in_features: int, out_features: int) -> None:
-        super().__init__()
-        self.in_features = in_features
-        self.out_features = out_features
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"
 
 
 class OneDNNLinear(PreparedLinear):
@@ -136,8 +124,6 @@ def prepare_linear(weight: torch.Tensor, bias: torch.Tensor | None, quantize: Qu
     """The kernel for this weight's device and ``quantize`` mode (see the module docstring)."""
     if weight.device.type == "cpu":
         if quantize == "gguf":
-            from specdec_core.execution.q8_0_blocks import q8_0_linear  # imports this module
-
             blocks = q8_0_linear(weight, bias)
             if blocks is not None:
                 return blocks

@@ -32,7 +32,8 @@ from specdec_core.execution.gguf_linear import BlockWeight
 from specdec_core.execution.gguf_weights import ATTRIBUTE, block_linear
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.kv_cache import PagedKVCache
-from specdec_core.execution.linear_kernels import PreparedLinear, Quantize, prepare_linear
+from specdec_core.execution.linear_kernels import Quantize, prepare_linear
+from specdec_core.execution.prepared_linear import PreparedLinear
 
 
 @dataclass
