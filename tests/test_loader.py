@@ -153,8 +153,9 @@ def test_gguf_conversion_tells_each_phase_at_info(
     is routine, not a warning), so the log reads as a story instead of a silence."""
     assert all(r.levelno == logging.INFO for r in conversion_log), [(r.levelname, r.getMessage()) for r in conversion_log]
     messages = [r.getMessage() for r in conversion_log]
-    phases = ["converting SmolLM2", "reading and dequantizing", "of safetensors in", "converting the tokenizer",
-              "loading the target model"]
+    # the tokenizer is built while the file is read (gguf_model); "converting the tokenizer" is a phase
+    # of its own only for architectures transformers' loader converts
+    phases = ["converting SmolLM2", "reading and dequantizing", "of safetensors in", "loading the target model"]
     for name in phases:
         started = [i for i, m in enumerate(messages) if name in m and ": done in " not in m and not m.startswith("still ")]
         ended = [i for i, m in enumerate(messages) if name in m and ": done in " in m]
