@@ -19,11 +19,15 @@ transformers path and logs the reason).
 from __future__ import annotations
 
 import inspect
+import logging
 from dataclasses import dataclass
 
 import torch
 
+from specdec_core.execution.gguf_weights import BLOCKS_ATTRIBUTE
 from specdec_core.execution.hf_types import HFModule
+
+logger = logging.getLogger(__name__)
 
 NATIVE_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
                         "Gemma3ForCausalLM", "Phi3ForCausalLM")
@@ -102,6 +106,20 @@ def describe(model: HFModule, max_len: int) -> tuple[DecoderSpec | None, str]:
         layers=[layer for layer in layers if not isinstance(layer, str)],
         final_norm=_norm(base.norm, gemma))
     return spec, ""
+
+
+def check_transformers_path(model: HFModule, why_not: str, head_rows: list[int] | None) -> None:
+    """Refuse what only the native path runs on a model ``describe`` turned down, and say in the
+    log which promises the transformers path does not keep."""
+    if head_rows:
+        raise ValueError("a reduced draft vocabulary needs the native path")
+    if hasattr(model, BLOCKS_ATTRIBUTE):
+        raise ValueError(f"{type(model).__name__} was read from its GGUF file for the native path, which does not "
+                         f"run it ({why_not}); load it converted (--quantize none)")
+    logger.warning("%s runs on the transformers path (%s): its rows may change in the last bits with what is batched "
+                   "beside them (greedy output can differ from running alone at near-ties), answers are not kept in "
+                   "the prefix cache, and there are no token trees and no CUDA decode graphs", type(model).__name__,
+                   why_not)
 
 
 def _layer(layer: HFModule, index: int, cfg, gemma: bool, max_len: int, rope_per_type: bool) -> LayerSpec | str:

@@ -16,7 +16,6 @@ Two execution paths, chosen per model at start-up (``ModelRunner.path``):
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Literal
 
@@ -24,20 +23,13 @@ import torch
 
 from specdec_core.execution.attention import Segment, packed_attention, row_attention_supported, split_single_rows
 from specdec_core.execution.decode_graphs import Bucket, DecodeGraphs, kv_bucket
-from specdec_core.execution.decoder_families import describe
-from specdec_core.execution.gguf_weights import (
-    BLOCKS_ATTRIBUTE,
-    attach_block_weights,
-    detach_block_weights,
-    prepare_block_linears,
-)
+from specdec_core.execution.decoder_families import check_transformers_path, describe
+from specdec_core.execution.gguf_weights import attach_block_weights, detach_block_weights, prepare_block_linears
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.host_upload import HostUpload, Ref
 from specdec_core.execution.kv_cache import PackedLayout, PagedKVCache, contiguous_base, token_rows
 from specdec_core.execution.linear_kernels import Quantize, prepare_linears
 from specdec_core.execution.native_decoder import Batch, NativeDecoder
-
-logger = logging.getLogger(__name__)
 
 # How the native path attends (``attention``): "segments" (one call per block of a request's known
 # tokens and one per draft: rows bit-identical alone and batched; the CPU default), "packed" (one call
@@ -152,15 +144,7 @@ class ModelRunner:
             self.native = NativeDecoder(model, spec, quantize, max_len, release=release_weights, head_rows=head_rows)
             self.path = "native"
         else:
-            if head_rows:
-                raise ValueError("a reduced draft vocabulary needs the native path")
-            if hasattr(model, BLOCKS_ATTRIBUTE):
-                raise ValueError(f"{type(model).__name__} was read from its GGUF file for the native path, which "
-                                 f"does not run it ({why_not}); load it converted (--quantize none)")
-            logger.warning("%s runs on the transformers path (%s): its rows may change in the last bits with what "
-                           "is batched beside them (greedy output can differ from running alone at near-ties), "
-                           "answers are not kept in the prefix cache, and there are no token trees and no CUDA "
-                           "decode graphs", type(model).__name__, why_not)
+            check_transformers_path(model, why_not, head_rows)
             if quantize == "gguf":
                 prepare_block_linears(model)
             prepare_linears(model, quantize)
