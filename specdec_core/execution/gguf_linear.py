@@ -46,6 +46,10 @@ class BlockWeight:
         rows = self.blocks.index_select(0, index.to(self.blocks.device)).numpy()
         return torch.from_numpy(quants.dequantize(rows, GGMLQuantizationType(self.ggml_type)).astype("float32"))
 
+    def dequantize(self) -> torch.Tensor:
+        """The whole weight in float32 ``[out_features, in_features]``."""
+        return self.dequantize_rows(torch.arange(self.out_features))
+
 
 def executable(weight: BlockWeight) -> bool:
     """True when the kernels run this format with this row length."""

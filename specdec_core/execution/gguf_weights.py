@@ -19,7 +19,6 @@ import json
 import logging
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from specdec_core.execution.gguf_file import read_gguf
@@ -113,11 +112,8 @@ def _first_row_matches(weight: BlockWeight, dense: torch.Tensor) -> bool:
     """Whether the blocks' first row dequantizes to the module's first weight row, as it does for
     a model converted from this file: a model whose layers were dropped or replaced after loading
     keeps the file's name but not its tensors, and must not be served the file's blocks."""
-    import gguf
-
-    row = gguf.quants.dequantize(weight.blocks[:1].numpy(), gguf.GGMLQuantizationType(weight.ggml_type))
-    row = row.astype(np.float32)
-    return torch.equal(torch.from_numpy(row).reshape(-1), dense.detach()[0].float())
+    row = weight.dequantize_rows(torch.tensor([0]))[0]
+    return torch.equal(row, dense.detach()[0].float())
 
 
 def attach_block_weights(model: torch.nn.Module) -> int:

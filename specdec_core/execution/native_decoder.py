@@ -264,7 +264,7 @@ def _dense_weight(linear: HFModule) -> torch.Tensor:
     weight = linear.weight.detach()
     blocks: BlockWeight | None = getattr(linear, ATTRIBUTE, None)
     if weight.numel() == 0 and blocks is not None:
-        return blocks.dequantize_rows(torch.arange(blocks.out_features))
+        return blocks.dequantize()
     return weight
 
 

@@ -135,7 +135,7 @@ def dequantize_blocks(model: HFModule) -> None:
     tied again."""
     blocks: dict[str, BlockWeight] = getattr(model, BLOCKS_ATTRIBUTE)
     for name, weight in blocks.items():
-        dense = weight.dequantize_rows(torch.arange(weight.out_features))
+        dense = weight.dequantize()
         model.get_submodule(name).weight = torch.nn.Parameter(dense, requires_grad=False)
     if model.config.tie_word_embeddings:
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
