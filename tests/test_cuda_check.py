@@ -1,4 +1,4 @@
-"""``clients/cuda_check.py`` is run where a GPU is lent, which CI never has: this runs it on the
+"""``clients/tools/cuda_check.py`` is run where a GPU is lent, which CI never has: this runs it on the
 CPU (``--tiny``) so that the script cannot rot between GPU sessions, and checks that every
 configuration it reports served every request to the end and agreed with itself where it must."""
 
@@ -8,7 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
-from clients import cuda_check
+from clients.tools import cuda_check
 
 
 def test_cuda_check_runs_every_configuration_on_the_cpu(tiny_target: Path, tmp_path: Path) -> None:

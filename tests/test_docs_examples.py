@@ -103,7 +103,7 @@ def module_file(name: str, search: list[Path]) -> Path | None:
 
 def script_closure(script: Path) -> tuple[set[str], list[Path]]:
     """Third-party top-level modules a script imports, and the project files it reads, following its
-    imports of the clients' own modules (run as ``python clients/X.py``, clients/ is on sys.path)."""
+    imports of the clients' own modules (run as ``python clients/.../X.py``, its folder is on sys.path)."""
     search = [script.parent, ROOT]
     todo, files, third_party = [script], [], set()
     while todo:
@@ -133,7 +133,8 @@ def script_closure(script: Path) -> tuple[set[str], list[Path]]:
                 if local is not None:
                     if top not in LOCAL_PACKAGES:  # the project's packages are installed by -e .
                         todo.append(local)
-                elif module_file(top, search) is None and top not in sys.stdlib_module_names and top != "__future__":
+                elif (module_file(top, search) is None and not any((base / top).is_dir() for base in search)
+                      and top not in sys.stdlib_module_names and top != "__future__"):  # a folder: a namespace package
                     third_party.add(top)
     return third_party, files
 

@@ -1,6 +1,6 @@
 """The README's first command installs everything its "Using it" section runs.
 
-A new user ran the Quick start and then the SDK snippet and ``clients/openai_*.py`` as written:
+A new user ran the Quick start and then the SDK snippet and ``clients/examples/openai_*.py`` as written:
 ``ModuleNotFoundError: No module named 'openai'``. This reads the README and pyproject.toml as
 they are and checks that every third-party module imported by the Python examples of "Using it"
 (and by the scripts it runs with ``python clients/...``) comes with the Quick start's install.
@@ -76,18 +76,21 @@ def imported_modules(source: str) -> set[str]:
 
 
 def using_it_modules() -> set[str]:
-    """Top-level modules the Python examples and ``python clients/X.py`` scripts of "Using it" import."""
+    """Top-level modules the Python examples and ``python clients/examples/X.py`` scripts of "Using it"
+    import (a script's sibling modules followed: it runs with its own folder on ``sys.path``)."""
     text = section("Using it")
     sources = code_blocks(text, "python")
-    scripts = {ROOT / "clients" / name for name in re.findall(r"python clients/(\w+\.py)", text)}
+    scripts = {ROOT / path for path in re.findall(r"python (clients/[\w/]+\.py)", text)}
     assert sources and scripts, "the README's Using it section changed shape; update this test"
-    local = {p.stem for p in (ROOT / "clients").glob("*.py")} | {"server", "specdec_core"}
+    folders = {script.parent for script in scripts}
+    siblings = {p.stem: p for folder in folders for p in folder.glob("*.py")}
+    local = set(siblings) | {"server", "specdec_core", "clients"}
     todo = [p.read_text() for p in scripts] + sources
     modules: set[str] = set()
     while todo:
         found = imported_modules(todo.pop()) - modules
         modules |= found
-        todo += [(ROOT / "clients" / f"{m}.py").read_text() for m in found & local if (ROOT / "clients" / f"{m}.py").exists()]
+        todo += [siblings[m].read_text() for m in found & set(siblings)]
     return {m for m in modules if m not in sys.stdlib_module_names and m not in local and m != "__future__"}
 
 

@@ -1,11 +1,11 @@
-"""The speculation-ceiling replay (``clients/speculation_ceiling.py``): its oracle's arithmetic on
+"""The speculation-ceiling replay (``clients/tools/speculation_ceiling.py``): its oracle's arithmetic on
 a workload whose answer is known in closed form, and the engine policy's replay bounded by it."""
 
 from __future__ import annotations
 
 import pytest
 
-from clients import speculation_ceiling as ceiling
+from clients.tools import speculation_ceiling as ceiling
 from specdec_core.speculation.cost_model import StepCostModel
 from specdec_core.speculation.cost_table import CostTable
 
@@ -51,15 +51,3 @@ def test_the_row_cost_scales_only_what_rows_past_the_first_add():
     assert quarter.target(5, frozen=True) - quarter.target(1, frozen=True) == pytest.approx(
         0.25 * (full.target(5, frozen=True) - full.target(1, frozen=True)))
 
-
-def test_the_tree_replay_walks_the_suffix_tries_and_a_tree_keeps_at_least_the_chain():
-    """``clients/tree_acceptance.py`` reads the tries through their node API (it broke silently once
-    when nodes became ints): on text it has seen before, a tree accepts at least what the chain does."""
-    from clients import tree_acceptance
-
-    text = [7, 8, 9, 7, 8, 3, 7, 8, 9, 7, 8, 3] * 4
-    requests = [(text[:20], text[20:]), (text[:20], text[20:])]
-    tokens, linear_steps = tree_acceptance.replay(requests, nodes=8, depth=4, linear=True)
-    tree_tokens, tree_steps = tree_acceptance.replay(requests, nodes=8, depth=4, linear=False)
-    assert tokens == tree_tokens == 2 * len(text[20:])
-    assert tree_steps <= linear_steps < tokens

@@ -20,7 +20,7 @@ from specdec_core.speculation.policy import PROBE_INTERVAL, SpeculationPolicy
 from specdec_core.speculation.scheduled_request import ScheduledRequest
 
 # Step costs measured on the 2-core CPU (ms): the 1.5B int8 target by tokens in the step, the
-# 0.5B int8 draft by requests in one draft forward (clients/step_costs.py).
+# 0.5B int8 draft by requests in one draft forward (clients/tools/step_costs.py).
 CPU_COSTS = StepCostModel(CostTable([1, 2, 5, 16, 80], [54.0, 55.0, 57.7, 101.6, 445.0]),
                           CostTable([1, 4, 16], [20.0, 26.0, 48.0]))
 

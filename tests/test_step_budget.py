@@ -1,4 +1,4 @@
-"""Device work per engine step as a budget (``clients/step_counts.py``): kernel-launching ops and
+"""Device work per engine step as a budget (``clients/tools/step_counts.py``): kernel-launching ops and
 host round trips of one steady step on the device code path (bf16, ``--quantize none``, the
 packed attention CUDA runs), with random models of the default pair's depths.
 
@@ -15,13 +15,11 @@ graph) a step launches 32 (k=0) and 142 (k=4; 181 sampled) at B=1 and B=16 alike
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "clients"))
-from step_counts import DRAFT_LAYERS, TARGET_LAYERS, build_models, counting, steady_step  # noqa: E402
+from clients.tools.step_counts import DRAFT_LAYERS, TARGET_LAYERS, build_models, counting, steady_step
 
 # (batch, k) -> kernel ops per steady step, today's counts with a little room.
 OPS_BUDGET = {(1, 0): 1300, (16, 0): 1300, (1, 4): 5800, (16, 4): 5800}

@@ -12,8 +12,8 @@ forward of ``ModelRunner`` (the engine's own), the shapes interleaved over round
 every request with ``--context`` tokens already cached. Prints the median (``--stat min``: the
 fastest) milliseconds and the ratio to the 1-token step, and writes JSON next to the bench results.
 
-    python clients/step_costs.py                                   # the default pair, none and int8
-    python clients/step_costs.py --model SmolLM2-135M-Instruct.Q4_1.gguf --modes int8
+    python clients/tools/step_costs.py                                   # the default pair, none and int8
+    python clients/tools/step_costs.py --model SmolLM2-135M-Instruct.Q4_1.gguf --modes int8
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def measure(loaded, quantize: str, context: int, repeats: int, stat: str) -> dic
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    repo_root = str(Path(__file__).resolve().parent.parent)
+    repo_root = str(Path(__file__).resolve().parents[2])
     if repo_root not in sys.path:
         sys.path.append(repo_root)
     import torch

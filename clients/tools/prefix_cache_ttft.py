@@ -10,19 +10,21 @@ turn, which re-sends that answer, with the answer's blocks shared and not (``sha
 each in a cache of its own, ``cache_salt``). Prints each time to first token and how many prompt
 tokens the cache served.
 
-    python clients/prefix_cache_ttft.py
-    python clients/prefix_cache_ttft.py --model SmolLM2-135M-Instruct.Q4_1.gguf --prefix-tokens 1100
+    python clients/tools/prefix_cache_ttft.py
+    python clients/tools/prefix_cache_ttft.py --model SmolLM2-135M-Instruct.Q4_1.gguf --prefix-tokens 1100
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
-from specdec_core import Engine, EngineConfig, SamplingParams
-
-SOURCE = Path(__file__).resolve().parents[1] / "specdec_core" / "engine" / "engine.py"
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run as `python clients/tools/prefix_cache_ttft.py`: the checkout's packages import
+    sys.path.insert(0, str(REPO))
+SOURCE = REPO / "specdec_core" / "engine" / "engine.py"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-chunk-size", type=int, default=512)
     p.add_argument("--answer-tokens", type=int, default=128, help="the conversation's first answer")
     args = p.parse_args(argv)
+    from specdec_core import Engine, EngineConfig, SamplingParams
+
     eng = Engine(EngineConfig(model=args.model, draft_model=args.draft_model, max_num_seqs=4, seed=0,
                               prefill_chunk_size=args.prefill_chunk_size), progress=False)
     shared = eng.tokenizer.encode(SOURCE.read_text())[: args.prefix_tokens]

@@ -4,12 +4,13 @@ token + R - 1 drafts, logits for all), timed per component, for each R.
 
 The speculation goals hinge on what a verify step of 1 + k rows costs against one row
 (``StepCostModel``). This splits that step into its parts: the attention projections (``qkv``,
-``o``), the attention itself, the MLP (``gate_up``, ``down``), the head, and the rest (norms,
-rope, embedding, Python), each the median over ``--repeats`` forwards. A part whose time grows
+``o``), the attention block (RoPE, the K/V writes and the attention call), the MLP (``gate_up``,
+``down``), the head, and the rest (norms, embedding, residuals, Python), each the median over
+``--repeats`` forwards, timed through torch's forward hooks on the decoder's own modules. A part whose time grows
 with R is compute-bound there; one that stays flat is bound by reading its weights.
 
-    python clients/row_profile.py                   # the embedded target, gguf, rows 1..9
-    python clients/row_profile.py --rows 1,6 --threads 1          # compute-bound parts double
+    python clients/tools/row_profile.py                   # the embedded target, gguf, rows 1..9
+    python clients/tools/row_profile.py --rows 1,6 --threads 1          # compute-bound parts double
 """
 
 from __future__ import annotations
@@ -25,30 +26,35 @@ from typing import Any, Callable
 PARTS = ("qkv", "o", "gate_up", "down")
 
 
-class Timed:
-    """A callable that adds its own wall time to ``totals[name]``."""
+def instrument(native: Any, totals: dict[str, float]) -> list[Any]:
+    """Time the decoder's linear layers and its head through torch's forward hooks (nothing of the
+    engine is replaced, so what is timed is the code that serves), and the attention block as the
+    gap between a layer's ``qkv`` returning and its ``o`` starting: RoPE, the K/V writes and the
+    attention call itself. Returns the hooks' handles."""
+    started: dict[str, float] = {}
 
-    def __init__(self, name: str, fn: Callable[..., Any], totals: dict[str, float]) -> None:
-        self.name, self.fn, self.totals = name, fn, totals
+    def before(name: str) -> Callable[..., None]:
+        def hook(module: Any, args: Any) -> None:
+            now = time.perf_counter()
+            if name == "o":
+                totals["attention"] += now - started.pop("attention", now)
+            started[name] = now
+        return hook
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        out = self.fn(*args, **kwargs)
-        self.totals[self.name] += time.perf_counter() - start
-        return out
+    def after(name: str) -> Callable[..., None]:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            now = time.perf_counter()
+            totals[name] += now - started.pop(name)
+            if name == "qkv":
+                started["attention"] = now
+        return hook
 
-
-def instrument(native: Any, totals: dict[str, float]) -> None:
-    """Wrap the decoder's linears, its attention functions and the head in ``Timed``."""
-    from specdec_core.execution import native_decoder
-
-    for layer in native.layers:
-        for name in PARTS:
-            # a submodule is in _modules; the plain attribute set after popping it shadows nothing
-            layer.__dict__[name] = Timed(name, layer._modules.pop(name), totals)
-    native.__dict__["lm_head"] = Timed("head", native._modules.pop("lm_head"), totals)
-    for name in ("attend_segments", "attend_packed"):
-        setattr(native_decoder, name, Timed("attention", getattr(native_decoder, name), totals))
+    modules = [(name, getattr(layer, name)) for layer in native.layers for name in PARTS]
+    modules.append(("head", native.lm_head))
+    handles = []
+    for name, module in modules:
+        handles += [module.register_forward_pre_hook(before(name)), module.register_forward_hook(after(name))]
+    return handles
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="torch threads (the block kernels use as many): a part that is twice as slow on one "
                         "thread as on two is compute-bound")
     args = p.parse_args(argv)
-    repo_root = str(Path(__file__).resolve().parent.parent)
+    repo_root = str(Path(__file__).resolve().parents[2])
     if repo_root not in sys.path:
         sys.path.insert(0, repo_root)
     import torch

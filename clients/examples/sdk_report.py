@@ -1,7 +1,7 @@
 """What the OpenAI-SDK example clients share: their common flags, specdec's extension fields, the
 end-of-stream report and the CLI error exits.
 
-The clients run as scripts (``python clients/openai_chat.py``), so they import this module by its
+The clients run as scripts (``python clients/examples/openai_chat.py``), so they import this module by its
 sibling name: the script's folder is on ``sys.path``.
 """
 

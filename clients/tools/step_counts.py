@@ -10,9 +10,9 @@ count host round trips. The engine runs with ``attention="packed"``, the layout 
 attention call per layer for the whole step). Tiny random Qwen2 models with the real depths of
 the default pair (target 28 layers, draft 24) give the real counts.
 
-    python clients/step_counts.py                 # the table for B in 1, 16 and k in 0, 4
-    python clients/step_counts.py --graphs        # the same with --decode-graphs on
-    python clients/step_counts.py --json out.json
+    python clients/tools/step_counts.py                 # the table for B in 1, 16 and k in 0, 4
+    python clients/tools/step_counts.py --graphs        # the same with --decode-graphs on
+    python clients/tools/step_counts.py --json out.json
 
 With ``--graphs`` the forwards run in the bucketed shapes CUDA captures as graphs
 (``execution/decode_graphs.py``); the ops inside a captured body are not counted, each run of a

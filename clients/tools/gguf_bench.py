@@ -13,8 +13,8 @@ call and reports the median and the minimum of each: a ratio is only meaningful 
   16 requests of 1 token, each with ``--context`` tokens cached; plus the step's bytes of weights
   over the measured one-row GB/s of the layer (the bandwidth floor).
 
-    python clients/gguf_bench.py --layer-only
-    python clients/gguf_bench.py --model SmolLM2-135M-Instruct.Q4_1.gguf
+    python clients/tools/gguf_bench.py --layer-only
+    python clients/tools/gguf_bench.py --model SmolLM2-135M-Instruct.Q4_1.gguf
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    repo_root = str(Path(__file__).resolve().parent.parent)
+    repo_root = str(Path(__file__).resolve().parents[2])
     if repo_root not in sys.path:
         sys.path.insert(0, repo_root)
     gbs, probe, probe_bytes = layer_bench(args.repeats)

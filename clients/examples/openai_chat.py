@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Stream a chat completion from a specdec server with the OpenAI Python SDK.
 
-    python clients/openai_chat.py "Add type hints: def area(w, h): return w * h"
-    python clients/openai_chat.py --system "You are terse." --max-tokens 64 "What is speculative decoding?"
-    python clients/openai_chat.py --num-speculative-tokens 2 "Write a haiku about rain"
+    python clients/examples/openai_chat.py "Add type hints: def area(w, h): return w * h"
+    python clients/examples/openai_chat.py --system "You are terse." --max-tokens 64 "What is speculative decoding?"
+    python clients/examples/openai_chat.py --num-speculative-tokens 2 "Write a haiku about rain"
 
 Tokens are printed as they arrive; at the end the server's ``speculative`` report (method, draft
 tokens proposed and accepted, verify steps, acceptance rate, mean accepted length) and the usage

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The step on a real GPU: launches, host synchronisations, step times and greedy agreement.
 
-``clients/step_counts.py`` counts the device path's ops on the CPU; this runs the same engine on
+``clients/tools/step_counts.py`` counts the device path's ops on the CPU; this runs the same engine on
 CUDA and reads what the GPU actually did. It builds random-weight models of the default pair's
 real shapes (Qwen2.5-Coder 1.5B target, 0.5B draft: only the weights are random, so every
 matrix, cache and graph has the size it has in production) from their ``config.json`` and a real
@@ -17,7 +17,7 @@ tokenizer, then, for batch sizes 1 and 16:
 - **throughput** of each speculation method as users run it (adaptive, graphs as ``auto``), and
   the cost table the engine measured at start-up.
 
-    python clients/cuda_check.py --configs DIR --json out.json
+    python clients/tools/cuda_check.py --configs DIR --json out.json
 
 ``DIR`` holds ``target/`` and ``draft/`` with ``config.json`` and tokenizer files (the default
 pair's, copied from a converted model cache). Needs a CUDA device.
@@ -30,6 +30,7 @@ import gc
 import json
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -39,7 +40,11 @@ from typing import Any
 
 import torch
 
-from clients.step_counts import counting
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run as `python clients/tools/cuda_check.py`: the checkout's packages import
+    sys.path.insert(0, str(REPO))
+
+from clients.tools.step_counts import counting  # noqa: E402
 
 # CUDA runtime/driver calls that put work on the device's queue.
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",

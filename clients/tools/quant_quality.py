@@ -10,9 +10,9 @@ template, each followed by the fp32 model's own greedy continuation), the share 
 both modes pick the same top-1 token, and the mean KL(fp32 || mode) in nats. Both modes run
 through the engine's own ``ModelRunner``.
 
-    python clients/quant_quality.py                      # the default pair (target and draft), gguf
-    python clients/quant_quality.py --model SmolLM2-135M-Instruct.Q4_1.gguf --mode int8
-    python clients/quant_quality.py --model DIR          # a safetensors model: Q8_0 blocks made at load
+    python clients/tools/quant_quality.py                      # the default pair (target and draft), gguf
+    python clients/tools/quant_quality.py --model SmolLM2-135M-Instruct.Q4_1.gguf --mode int8
+    python clients/tools/quant_quality.py --model DIR          # a safetensors model: Q8_0 blocks made at load
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-PROMPTS_FILE = Path(__file__).with_name("prompts.json")
+PROMPTS_FILE = Path(__file__).resolve().parents[1] / "prompts.json"
 
 
 def texts(tokenizer, per_kind: int) -> list[list[int]]:
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--continue-tokens", type=int, default=24, help="greedy fp32 tokens appended to each prompt")
     p.add_argument("--mode", default="gguf", choices=["gguf", "int8"], help="the quantized mode compared with fp32")
     args = p.parse_args(argv)
-    repo_root = str(Path(__file__).resolve().parent.parent)
+    repo_root = str(Path(__file__).resolve().parents[2])
     if repo_root not in sys.path:
         sys.path.append(repo_root)
     from specdec_core.engine.config import default_cache_dir

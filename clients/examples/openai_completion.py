@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Stream a text completion from a specdec server with the OpenAI Python SDK.
 
-    python clients/openai_completion.py "def fibonacci(n):"
-    python clients/openai_completion.py --max-tokens 64 --temperature 0.7 "Once upon a time"
-    python clients/openai_completion.py --no-speculation "Once upon a time"   # per-request off switch
+    python clients/examples/openai_completion.py "def fibonacci(n):"
+    python clients/examples/openai_completion.py --max-tokens 64 --temperature 0.7 "Once upon a time"
+    python clients/examples/openai_completion.py --no-speculation "Once upon a time"   # per-request off switch
 
 Tokens are printed as they arrive; at the end the server's ``speculative`` report (method, draft
 tokens proposed and accepted, verify steps, acceptance rate, mean accepted length) and the usage

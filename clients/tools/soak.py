@@ -1,8 +1,8 @@
 """A bounded soak: mixed traffic against one server for a fixed time; errors by kind, server memory
 over time, latency percentiles, and whether the server is idle and clean afterwards.
 
-    python clients/soak.py --spawn --model M.gguf --max-model-len 1024          # 240 s, one spawned server
-    python clients/soak.py --url http://127.0.0.1:8000 --duration 600 --concurrency 16
+    python clients/tools/soak.py --spawn --model M.gguf --max-model-len 1024          # 240 s, one spawned server
+    python clients/tools/soak.py --url http://127.0.0.1:8000 --duration 600 --concurrency 16
 
 Each of ``--concurrency`` workers sends one request after another, each drawn (seeded) from:
 streamed and non-streamed completions and chat completions, streams dropped after a few events,
@@ -40,8 +40,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark.servers import SpawnedServer
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run as `python clients/tools/soak.py`: the checkout's packages import
+    sys.path.insert(0, str(REPO))
+from clients.benchmark.servers import SpawnedServer  # noqa: E402
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "Once upon a time", "import numpy as np\n"]
 CHATS = ["What is a monad?", "Write a haiku about autumn.", "Add type hints: def area(w, h): return w * h"]

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # curl examples against a running specdec server.
 #
-#   bash clients/curl_examples.sh            # runs every example in turn
-#   bash clients/curl_examples.sh chat       # only one of: health models completion stream chat chat-stream no-spec metrics
+#   bash clients/examples/curl_examples.sh            # runs every example in turn
+#   bash clients/examples/curl_examples.sh chat       # only one of: health models completion stream chat chat-stream no-spec metrics
 #
 # Environment: SPECDEC_URL (default http://127.0.0.1:8000), SPECDEC_API_KEY (sent as a Bearer
 # token when set; needed when the server was started with --api-key), SPECDEC_MODEL (default: the

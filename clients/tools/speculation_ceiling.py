@@ -7,7 +7,7 @@ A served benchmark (``bench.py``) says what speculation gives; it cannot say wha
 give: whether a goal is out of reach for the policy (it guesses acceptance) or for any policy
 (the proposals and the price of a verified row decide). This replay separates the two:
 
-1. Every request's greedy output is generated with the target alone (``tree_acceptance.generate``:
+1. Every request's greedy output is generated with the target alone (``generate``:
    the agentic sessions re-send their real earlier answers; the chat and code_edit prompts of
    ``prompts.json``), or loaded from an earlier ``--save``.
 2. Each output is replayed as a greedy speculative run would see it, one verify pass at a time:
@@ -31,10 +31,10 @@ The draft model is not replayed (its proposals need its own forwards): ``auto`` 
 per-pass choice between the two lookups, what ``--speculative-method auto`` does without a draft
 model. Served with the default pair, ``auto`` chose no draft-model tokens on these workloads.
 
-    python clients/speculation_ceiling.py --save /tmp/outputs.json       # generate, then replay
-    python clients/speculation_ceiling.py --load /tmp/outputs.json --costs ~/.cache/specdec/step-costs/X.json
-    python clients/speculation_ceiling.py --load /tmp/outputs.json --row-cost 0.25   # rows at a quarter of the price
-    python clients/speculation_ceiling.py --load /tmp/outputs.json --concurrency 4 --methods auto --caps 8
+    python clients/tools/speculation_ceiling.py --save /tmp/outputs.json       # generate, then replay
+    python clients/tools/speculation_ceiling.py --load /tmp/outputs.json --costs ~/.cache/specdec/step-costs/X.json
+    python clients/tools/speculation_ceiling.py --load /tmp/outputs.json --row-cost 0.25   # rows at a quarter of the price
+    python clients/tools/speculation_ceiling.py --load /tmp/outputs.json --concurrency 4 --methods auto --caps 8
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parent))
-sys.path.insert(0, str(ROOT))
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run as `python clients/tools/speculation_ceiling.py`: the checkout's packages import
+    sys.path.insert(0, str(REPO))
 
 from specdec_core import SamplingParams  # noqa: E402
 from specdec_core.engine.request import Request  # noqa: E402
@@ -62,7 +62,7 @@ from specdec_core.speculation.scheduled_request import ScheduledRequest  # noqa:
 from specdec_core.speculation.suffix import SuffixProposer  # noqa: E402
 
 # One request's verify pass by rows, 256 cached tokens a row, the default pair's target (`gguf`):
-# `python clients/step_costs.py --modes gguf --stat min --repeats 5`, 2-core EPYC, 2026-11-25, ms.
+# `python clients/tools/step_costs.py --modes gguf --stat min --repeats 5`, 2-core EPYC, 2026-11-25, ms.
 MEASURED_ROWS = ([1, 2, 3, 5, 9], [57.1, 61.6, 71.2, 92.2, 159.5])
 MEASURED_PER_CONTEXT = 3.07e-6  # seconds per row and cached token past 256 (the calibration's term)
 MEASURED_CONTEXT = 256
@@ -191,6 +191,49 @@ def _run(requests: list[tuple[list[int], list[int]]], method: str, costs: StepCo
     return result
 
 
+def generate(model: str | None, max_tokens: int, kinds: list[str], agentic_max_tokens: int | None = None,
+             quantize: str = "auto") -> dict[str, list[tuple[list[int], list[int]]]]:
+    """Greedy outputs of the target alone (``model`` None: the embedded pair's), per kind; the
+    agentic turns with ``agentic_max_tokens`` (default ``max_tokens``)."""
+    from clients.benchmark.agentic import load_sessions
+    from specdec_core import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(model=model, quantize=quantize, speculative_method="none",  # type: ignore[arg-type]
+                                 max_model_len=8192), progress=False)
+    tok = engine.tokenizer
+    prompts = json.loads((REPO / "clients" / "prompts.json").read_text())
+    out: dict[str, list[tuple[list[int], list[int]]]] = {}
+
+    def run(ids: list[int], max_new: int = max_tokens) -> list[int]:
+        return engine.generate([ids], SamplingParams(max_tokens=max_new, temperature=0.0))[0].token_ids
+
+    def chat(messages: list[dict[str, str]]) -> list[int]:
+        return list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+    if "agentic" in kinds:
+        out["agentic"] = []
+        for session in load_sessions():
+            messages = [{"role": "system", "content": session["system"]}]
+            for turn in session["turns"]:
+                messages.append({"role": "user", "content": turn})
+                ids = chat(messages)
+                answer = run(ids, agentic_max_tokens or max_tokens)
+                out["agentic"].append((ids, answer))
+                messages.append({"role": "assistant", "content": tok.decode(answer, skip_special_tokens=True)})
+
+    def run_all(prompt_ids: list[list[int]]) -> list[tuple[list[int], list[int]]]:
+        """Independent prompts in one batch: the CPU forward is batch-invariant, so each output is
+        the one it would be alone, at a few times the throughput."""
+        done = engine.generate(list(prompt_ids), SamplingParams(max_tokens=max_tokens, temperature=0.0))
+        return [(ids, c.token_ids) for ids, c in zip(prompt_ids, done)]
+
+    if "chat" in kinds:
+        out["chat"] = run_all([chat(m) for m in prompts["chat"]])
+    if "code_edit" in kinds:
+        out["code_edit"] = run_all([tok.encode(p) for p in prompts["code_edit"]])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="target (default: the embedded pair's 1.5B)")
@@ -199,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agentic-max-tokens", type=int, default=256, help="as bench.py's agentic turns")
     p.add_argument("--kinds", default="agentic,code_edit")
     p.add_argument("--save", type=Path, default=None, help="keep the generated outputs here (JSON)")
-    p.add_argument("--load", type=Path, default=None, help="replay outputs saved by --save (or tree_acceptance.py)")
+    p.add_argument("--load", type=Path, default=None, help="replay outputs saved by --save")
     p.add_argument("--costs", type=Path, default=None, help="a step-cost cache file (default: the rows measured above)")
     p.add_argument("--row-cost", type=float, default=1.0, help="scale what a row past the first costs")
     p.add_argument("--caps", default="4,8,12", help="most drafts a pass verifies (the server's k)")
@@ -211,8 +254,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.load:
         data = json.loads(args.load.read_text())
     else:
-        from tree_acceptance import generate
-
         data = generate(args.model, args.max_tokens, args.kinds.split(","), args.agentic_max_tokens, args.quantize)
     if args.save:
         args.save.write_text(json.dumps(data))

@@ -3,7 +3,7 @@
 Headless, bounded run against a local server (4 users, spawned 2 per second, for 3 minutes: the
 default pair on a 2-core CPU needs that long for streams to end; 30 s is enough for SmolLM2):
 
-    locust -f clients/locustfile.py --headless -u 4 -r 2 -t 3m --host http://127.0.0.1:8000
+    locust -f clients/examples/locustfile.py --headless -u 4 -r 2 -t 3m --host http://127.0.0.1:8000
 
 Besides the ordinary ``POST /v1/completions (stream)`` entry (time until the response headers
 arrive, recorded when the stream ends), each streamed request fires custom events with
@@ -40,7 +40,7 @@ import httpx
 from httpx_sse import EventSource
 from locust import HttpUser, between, task
 
-PROMPTS_FILE = Path(__file__).with_name("prompts.json")
+PROMPTS_FILE = Path(__file__).resolve().parents[1] / "prompts.json"
 
 
 def load_prompts(kinds: list[str]) -> list[str]:

@@ -1,6 +1,6 @@
 """Probe a running specdec server with issue 20's remaining attack classes; print one table row each.
 
-    python clients/hardening_probe.py --url http://127.0.0.1:8000 [--model tiny] [--classes grammar,bodies,...]
+    python clients/tools/hardening_probe.py --url http://127.0.0.1:8000 [--model tiny] [--classes grammar,bodies,...]
 
 For every class: how many requests were tried, how many got a 4xx, a 5xx, a 2xx, or no answer at
 all (connection error or timeout), and the worst ``/health`` latency seen by a thread that polls it

@@ -7,7 +7,7 @@ model at a fixed k and speculation always on, once per size, on models loaded on
 per size: acceptance, draft milliseconds per step, target milliseconds per step and tokens per
 step. Pick the size with the best tokens per (draft + target) second.
 
-    python clients/draft_vocab_sweep.py --sizes 0,65536,32768,16384 --num-prompts 3 --max-tokens 48
+    python clients/tools/draft_vocab_sweep.py --sizes 0,65536,32768,16384 --num-prompts 3 --max-tokens 48
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def main() -> None:
     load = dict(device=torch.device("cpu"), dtype=torch.float32, cache_dir=default_cache_dir(), progress=False)
     target = load_model(args.model, role="target", **load)
     draft = load_model(args.draft_model, role="draft", **load)
-    data = json.loads((Path(__file__).resolve().parent / "prompts.json").read_text())
+    data = json.loads((Path(__file__).resolve().parents[1] / "prompts.json").read_text())
     prompts = []
     for kind in args.kinds.split(","):
         for item in data[kind][: args.num_prompts]:

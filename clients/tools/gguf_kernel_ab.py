@@ -7,8 +7,8 @@ The machine this was written on is shared, so only ratios within one run mean an
 call uses the next of several copies of the weights (>= 80 MB in all), so they come from DRAM as
 in a model step. Prints median (min) ms per call, B/A, and B's GB/s of weight bytes.
 
-    python clients/gguf_kernel_ab.py --base main --threads 1
-    python clients/gguf_kernel_ab.py --base HEAD~2 --types Q6_K --repeats 31
+    python clients/tools/gguf_kernel_ab.py --base main --threads 1
+    python clients/tools/gguf_kernel_ab.py --base HEAD~2 --types Q6_K --repeats 31
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CSRC = "specdec_core/execution/csrc"
 # (label, GGML type name, out_features, in_features)
 SHAPES = [("q/o 1536x1536", "Q4_K", 1536, 1536), ("k/v 256x1536", "Q4_K", 256, 1536),

@@ -1,8 +1,8 @@
 """Time to ready, peak memory and disk written by ``specdec serve``: a first start (empty cache
 directory) and a later one (the same directory), for any model argument.
 
-    python clients/startup.py --model path/to/model.gguf [--model other.gguf] [--runs 2] [-- serve flags]
-    python clients/startup.py --model default          # the embedded pair (no --model)
+    python clients/tools/startup.py --model path/to/model.gguf [--model other.gguf] [--runs 2] [-- serve flags]
+    python clients/tools/startup.py --model default          # the embedded pair (no --model)
 
 Each start is a fresh process on a free loopback port, polled on ``/health`` until it answers
 200; "peak RSS" is the server process's VmHWM at that moment, "written" the bytes under its
