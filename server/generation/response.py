@@ -130,9 +130,21 @@ async def generate(
 ) -> Response:
     """Submit ``jobs`` (429/503/400 raised before any response starts) and answer with their
     output, streamed or whole. ``endpoint`` names the request in its log line."""
+    generation = start_generation(request, state, engine, jobs, endpoint=endpoint, id_prefix=id_prefix, stream=stream,
+                                  arrival=arrival)
+    response = GenerationResponse(generation, renderer, model, include_usage, system_fingerprint(state.settings))
+    return await response.respond(request, stream=stream)
+
+
+def start_generation(
+    request: Request, state: ServerState, engine: EngineLike, jobs: list[Job], *, endpoint: str, id_prefix: str,
+    stream: bool, arrival: float,
+) -> Generation:
+    """Submit ``jobs`` as one logged generation (429/503/400 raised before any response starts).
+    The APIs whose answers are not choices (the Responses and Messages APIs) render it themselves,
+    through ``GenerationStream`` or ``respond_when_done``."""
     fields = request_log(request)
     fields.update(endpoint=endpoint, stream=stream)
     generation = Generation(state, engine, f"{id_prefix}-{request_id(request)}", jobs, arrival=arrival, log_fields=fields)
     generation.start()
-    response = GenerationResponse(generation, renderer, model, include_usage, system_fingerprint(state.settings))
-    return await response.respond(request, stream=stream)
+    return generation

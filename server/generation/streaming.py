@@ -4,19 +4,25 @@ A stream that fails after it started cannot change its status any more, so a fai
 ``data: {"error": {...}}`` event followed by ``[DONE]`` (the openai SDK raises on it). A client
 that disconnects makes sse-starlette cancel the body iterator; the ``finally`` below then ends the
 generation, which aborts its engine requests and frees their cache.
+
+The Responses and Anthropic Messages APIs frame their streams otherwise: every event is named
+(``event: response.created``, ``event: message_start``; the anthropic SDK skips unnamed ones), no
+``[DONE]`` ends them, and a failure is their own ``error`` event. Their iterators yield
+``NamedEvent`` s and pass a ``Framing`` that says so; the lifecycle guarantees are the same.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from sse_starlette import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from server.generation.submission import Generation
-from server.http.errors import internal_error
+from server.http.errors import APIError, internal_error
 from server.http.jsonio import dumps_str
 
 log = structlog.get_logger("specdec.server")
@@ -26,16 +32,43 @@ DONE = "[DONE]"
 PING_INTERVAL_S = 15
 
 
-async def generation_events(generation: Generation, body: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict | str]:
-    """Wrap an endpoint's chunk iterator: error event on failure, always ``[DONE]``, always close."""
+@dataclass(frozen=True)
+class NamedEvent:
+    """An SSE event with an ``event:`` name: ``event: <name>`` then ``data: <payload as JSON>``."""
+
+    name: str
+    payload: dict[str, Any]
+
+
+Chunk = dict[str, Any] | NamedEvent
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How an API ends its stream: ``done`` is the last data line (None: nothing after the last
+    event), ``error`` the event a failure that happens mid-stream becomes."""
+
+    done: str | None = DONE
+    error: Callable[[APIError], Chunk] = APIError.body
+
+
+OPENAI_CHUNKS = Framing()
+
+
+async def generation_events(
+    generation: Generation, body: AsyncIterator[Chunk], framing: Framing = OPENAI_CHUNKS
+) -> AsyncIterator[Chunk | str]:
+    """Wrap an endpoint's chunk iterator: error event on failure, always ``[DONE]`` (where the API
+    has one), always close."""
     try:
         try:
             async for chunk in body:
                 yield chunk
         except Exception:
             log.exception("stream failed", request_id=generation.request_id)
-            yield internal_error(generation.request_id).body()
-        yield DONE
+            yield framing.error(internal_error(generation.request_id))
+        if framing.done is not None:
+            yield framing.done
     except asyncio.CancelledError:
         generation.disconnected = True
         raise
@@ -43,10 +76,13 @@ async def generation_events(generation: Generation, body: AsyncIterator[dict[str
         generation.close()
 
 
-async def _frames(events: AsyncIterator[dict | str]) -> AsyncIterator[str]:
+async def _frames(events: AsyncIterator[Chunk | str]) -> AsyncIterator[str | ServerSentEvent]:
     # Plain strings: sse-starlette frames them as `data: ...` with the response's separator.
     async for item in events:
-        yield item if isinstance(item, str) else dumps_str(item)
+        if isinstance(item, NamedEvent):
+            yield ServerSentEvent(data=dumps_str(item.payload), event=item.name, sep="\n")
+        else:
+            yield item if isinstance(item, str) else dumps_str(item)
 
 
 class GenerationStream(EventSourceResponse):
@@ -57,8 +93,8 @@ class GenerationStream(EventSourceResponse):
     body iterator ever runs. This wrapper is the guarantee that its engine requests are aborted.
     """
 
-    def __init__(self, generation: Generation, chunks: AsyncIterator[dict[str, Any]]) -> None:
-        super().__init__(_frames(generation_events(generation, chunks)), sep="\n", ping=PING_INTERVAL_S)
+    def __init__(self, generation: Generation, chunks: AsyncIterator[Chunk], framing: Framing = OPENAI_CHUNKS) -> None:
+        super().__init__(_frames(generation_events(generation, chunks, framing)), sep="\n", ping=PING_INTERVAL_S)
         self.generation = generation
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
