@@ -45,7 +45,8 @@ class ServerSettings:
     host: str = field(default="127.0.0.1", metadata=_flag("address to listen on"))
     port: int = field(default=8000, metadata=_flag("port to listen on", minimum=0, maximum=65535))
     api_key: str | None = field(default=None, metadata=_flag(
-        "require 'Authorization: Bearer KEY' on every /v1 route (/health and /metrics stay open); "
+        "require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on every /v1 route (/health and "
+        "/metrics stay open); "
         "prefer the SPECDEC_API_KEY variable, which keeps the key out of the process list",
         # SPECDEC_API_KEY="" must be refused (see __post_init__), not read as "no key given".
         empty_is_value=True))
@@ -89,6 +90,14 @@ class ServerSettings:
     max_body_values: int = field(default=524_288, metadata=_flag(
         "most JSON values one request body may hold, counted as the commas between them (before parsing; "
         "enough for 128 prompts of 4096 token ids)", minimum=1, group="limits"))
+    # -- stored responses (/v1/responses with "store": true; issue 46): bounded, in this process ----
+    responses_store_entries: int = field(default=1024, metadata=_flag(
+        "most responses kept for 'previous_response_id' and GET /v1/responses/{id} (the least recently "
+        "used go first; 0: none kept)", minimum=0, group="limits"))
+    responses_store_bytes: int = field(default=64 * 1024 * 1024, metadata=_flag(
+        "most bytes the stored responses may take together, each counted as its JSON", minimum=0, group="limits"))
+    responses_store_ttl: int = field(default=3600, metadata=_flag(
+        "seconds a stored response is kept", minimum=1, group="limits"))
     allow_special_tokens_in_content: bool = field(default=False, metadata=_flag(
         "encode special-token text inside chat messages (e.g. '<|im_end|>') as the special tokens "
         "themselves, as the chat template's own ones are; by default it is plain text, so a message "

@@ -60,6 +60,8 @@ class Choice:
     # When asked for: per prompt token (the first None), from the engine's first delta.
     prompt_logprobs: list[TokenLogprob | None] | None = None
     text: list[str] = field(default_factory=list)
+    # The generated token ids (the Messages API decodes them to name the stop sequence that ended it).
+    token_ids: list[int] = field(default_factory=list)
     num_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finished: bool = False
@@ -186,6 +188,7 @@ class Generation:
                 metrics.observe_tokens(now - (choice.last_token_at or now), len(out.token_ids))
             choice.last_token_at = now
             choice.num_tokens += len(out.token_ids)
+            choice.token_ids.extend(out.token_ids)
         if out.text:
             choice.text.append(out.text)
         if out.logprobs:

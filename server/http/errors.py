@@ -2,6 +2,11 @@
 
 A client always gets ``{"error": {"message", "type", "param", "code"}}`` with a status that says
 whose fault it was (4xx: the request, 5xx: the server). Stack traces go to the server log only.
+
+The Anthropic Messages API (``/v1/messages`` and below) answers in Anthropic's shape instead,
+``{"type": "error", "error": {"type", "message"}}`` with Anthropic's type for the status, since
+that is what the anthropic SDK and Claude Code parse. One ``APIError`` serves both: the path the
+error is answered on picks the shape (``APIError.response(path)``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,24 @@ _DEFAULT_TYPES: dict[int, str] = {
 }
 
 
+# Anthropic's error types by status (their API's list; other 4xx are invalid requests).
+_ANTHROPIC_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
+def speaks_anthropic(path: str) -> bool:
+    """Whether ``path`` belongs to the Anthropic Messages API (whose errors have its own shape)."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
 class APIError(Exception):
     """An error with an OpenAI-shaped body. Raise it anywhere in a request; a handler renders it."""
 
@@ -54,8 +77,15 @@ class APIError(Exception):
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)
 
-    def response(self) -> Response:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def anthropic_body(self) -> dict:
+        """Anthropic's shape: ``{"type": "error", "error": {"type", "message"}}``."""
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def response(self, path: str = "") -> Response:
+        """The error as answered on ``path`` (Anthropic's shape under ``/v1/messages``)."""
+        body = self.anthropic_body() if speaks_anthropic(path) else self.body()
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
@@ -82,7 +112,7 @@ def internal_error(request_id: str | None = None) -> APIError:
 
 async def handle_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
-    return exc.response()
+    return exc.response(request.url.path)
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> Response:
@@ -96,7 +126,7 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
         message = exc.detail or HTTPStatus(exc.status_code).phrase
     headers = dict(exc.headers or {})
     err = APIError(exc.status_code, message, headers=headers)
-    return err.response()
+    return err.response(request.url.path)
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
@@ -109,4 +139,4 @@ async def handle_unexpected(request: Request, exc: Exception) -> Response:
     err = internal_error(request_id)
     if request_id:
         err.headers["x-request-id"] = request_id
-    return err.response()
+    return err.response(request.url.path)

@@ -57,12 +57,17 @@ def _meta_schema_problem(schema_json: str) -> str | None:
     return None
 
 
+# A function's arguments schema, wherever an API declares one (chat's ``parameters``, the
+# Responses API's ``parameters``, Anthropic's ``input_schema``): one check for all of them.
+FunctionParameters = Annotated[dict[str, Any] | None, AfterValidator(_parameters_schema)]
+
+
 class FunctionDefinition(Schema):
     """A tool the model may call: its name, what it does, and a JSON schema of its arguments."""
 
     name: FunctionName
     description: str | None = None
-    parameters: Annotated[dict[str, Any] | None, AfterValidator(_parameters_schema)] = None
+    parameters: FunctionParameters = None
     strict: bool | None = None  # accepted; calls forced by tool_choice always match the schema
 
 

@@ -1,0 +1,275 @@
+"""The body of ``POST /v1/responses`` (OpenAI's Responses API) as a pydantic model.
+
+Only the Responses API's own shapes are checked here, each error naming the Responses field
+(``input[2].call_id``); ``server.openai.responses_input`` then translates the body into the
+``ChatCompletionRequest`` chat validates, and everything after that is chat's path.
+
+Accepted but without effect, as documented in docs/api.md: ``reasoning`` (the served models do not
+reason), ``truncation: "disabled"``, ``text.verbosity``, ``include`` entries about items this
+server never produces, ``service_tier``, ``safety_identifier``, ``prompt_cache_key``,
+``prompt_cache_retention``, ``stream_options``. Refused by name (``unsupported_parameter``): input
+items other than messages, ``function_call`` and ``function_call_output``; non-text content;
+tools other than functions; ``truncation: "auto"``, ``background``, ``top_logprobs``,
+``max_tool_calls``, ``prompt``, ``conversation``, ``context_management`` and the logprobs include.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, ValidationInfo, field_validator, model_validator
+
+import server.openai.limits as limits
+from server.http.jsonio import loads_bounded
+from server.openai.schemas.base import INT64_MAX, SEED_MAX, SEED_MIN, Schema, invalid, only_off, schema_within_caps, unsupported
+from server.openai.schemas.chat import MAX_TOOLS
+from server.tools.schema import FUNCTION_NAME, FunctionName, FunctionParameters
+
+# Item and content types OpenAI defines that this server does not take: refused by name (any
+# other type is a plain invalid value).
+KNOWN_ITEM_TYPES = {
+    "item_reference", "reasoning", "file_search_call", "computer_call", "computer_call_output", "web_search_call",
+    "image_generation_call", "code_interpreter_call", "local_shell_call", "local_shell_call_output", "shell_call",
+    "shell_call_output", "apply_patch_call", "apply_patch_call_output", "mcp_list_tools", "mcp_approval_request",
+    "mcp_approval_response", "mcp_call", "custom_tool_call", "custom_tool_call_output", "compaction",
+}
+TEXT_PARTS = ("input_text", "output_text")
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+MAX_METADATA = 16
+
+
+class ContentPart(Schema):
+    """A text part of a message (``input_text``; ``output_text`` in an earlier answer sent back)."""
+
+    type: str
+    text: str
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        if isinstance(value, str) and value not in TEXT_PARTS:
+            raise unsupported("Content parts of type '{kind}' are not supported; only text is.", kind=value[:40])
+        return value
+
+
+def _text_as_parts(value: Any) -> Any:
+    if isinstance(value, str):
+        return [{"type": "input_text", "text": value}]
+    if not isinstance(value, list):
+        raise invalid("must be a string or an array of content parts.")
+    return value
+
+
+TextParts = Annotated[list[ContentPart], BeforeValidator(_text_as_parts, json_schema_input_type=str | list[ContentPart])]
+
+
+def _item_type(value: Any) -> Any:
+    if isinstance(value, str) and value not in ("message", "function_call", "function_call_output"):
+        if value in KNOWN_ITEM_TYPES:
+            raise unsupported("Input items of type '{kind}' are not supported.", kind=value)
+        raise invalid("must be 'message', 'function_call' or 'function_call_output', got {kind}.", kind=value[:40])
+    return value
+
+
+class InputItem(Schema):
+    """One input item: a message (the default when ``type`` is left out), an earlier answer's
+    ``function_call``, or a ``function_call_output`` answering it. Which fields an item needs
+    depends on its type, so they are optional here and checked together below."""
+
+    type: Annotated[Literal["message", "function_call", "function_call_output"], BeforeValidator(_item_type)] = "message"
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    # message
+    role: Literal["user", "assistant", "system", "developer"] | None = None
+    content: TextParts | None = None
+    # function_call (and the call_id of its output)
+    call_id: str | None = Field(None, min_length=1, max_length=256)
+    name: Annotated[str, Field(pattern=f"^{FUNCTION_NAME}$")] | None = None
+    arguments: str | None = None
+    # function_call_output
+    output: TextParts | None = None
+
+    @model_validator(mode="after")
+    def _fields_fit_the_type(self) -> InputItem:
+        need = {"message": ("role", "content"), "function_call": ("call_id", "name", "arguments"),
+                "function_call_output": ("call_id", "output")}[self.type]
+        missing = [name for name in need if getattr(self, name) is None]
+        if missing:
+            raise invalid("is a {kind} item without {missing}.", kind=self.type, missing=", ".join(f"'{m}'" for m in missing))
+        others = {"role", "content", "call_id", "name", "arguments", "output"} - set(need)
+        if self.type == "function_call_output":
+            others.discard("name")  # an output may repeat its call's name
+        extra = sorted(name for name in others if getattr(self, name) is not None)
+        if extra:
+            raise invalid("is a {kind} item, which has no {extra}.", kind=self.type, extra=", ".join(f"'{e}'" for e in extra))
+        if self.arguments is not None:
+            try:
+                parsed = loads_bounded(self.arguments)
+            except ValueError as exc:
+                raise invalid("has 'arguments' that are not JSON ({reason}).", reason=str(exc)[:200]) from None
+            if not isinstance(parsed, dict):
+                raise invalid("has 'arguments' that are not a JSON object.")
+        return self
+
+    @property
+    def text(self) -> str:
+        return "".join(part.text for part in (self.content or self.output or []))
+
+
+def _input_as_items(value: Any, info: ValidationInfo) -> Any:
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    if not isinstance(value, list):
+        raise invalid("must be a string or an array of input items.")
+    return limits.check_list_size(value, info, "max_messages", "items")
+
+
+class FunctionTool(Schema):
+    """A function the model may call (the Responses API's flat form of chat's ``tools[].function``).
+    ``strict`` is accepted: a call that ``tool_choice`` forces always matches ``parameters``."""
+
+    type: str
+    name: FunctionName
+    description: str | None = None
+    parameters: FunctionParameters = None
+    strict: bool | None = None
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _functions_only(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "function":
+            raise unsupported("Tools of type '{kind}' are not supported; only 'function' tools are.", kind=value[:40])
+        return value
+
+
+ToolMode = Literal["none", "auto", "required"]
+TOOL_CHOICE_FORMS = 'must be "none", "auto", "required" or {"type": "function", "name": ...}.'
+
+
+def _tool_choice(value: Any) -> str | dict[str, str]:
+    if isinstance(value, str) and value in ("none", "auto", "required"):
+        return value
+    if not isinstance(value, dict):
+        raise invalid(TOOL_CHOICE_FORMS)
+    kind = value.get("type")
+    if isinstance(kind, str) and kind != "function":
+        raise unsupported("A 'tool_choice' of type '{kind}' is not supported.", kind=kind[:40])
+    name = value.get("name")
+    if kind != "function" or not isinstance(name, str) or not re.fullmatch(FUNCTION_NAME, name):
+        raise invalid(TOOL_CHOICE_FORMS)
+    return {"type": "function", "name": name}
+
+
+ToolChoice = Annotated[ToolMode | dict[str, str], PlainValidator(_tool_choice, json_schema_input_type=ToolMode | dict[str, str])]
+
+
+class TextFormat(Schema):
+    """``text.format``: ``text``, ``json_object`` or ``json_schema`` (flat: name and schema here)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")] | None = None
+    description: str | None = None
+    json_schema: Annotated[dict[str, Any], AfterValidator(schema_within_caps)] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_iff_json_schema(self) -> TextFormat:
+        if self.type == "json_schema" and (self.json_schema is None or self.name is None):
+            raise invalid("needs 'name' and 'schema' when 'type' is \"json_schema\".")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise invalid("'schema' is only allowed when 'type' is \"json_schema\".")
+        return self
+
+
+class TextConfig(Schema):
+    format: TextFormat = Field(default_factory=lambda: TextFormat.model_validate({"type": "text"}))
+    verbosity: Literal["low", "medium", "high"] | None = None  # accepted; no effect
+
+
+class Reasoning(Schema):
+    """Accepted and echoed; the served models do not reason, so it changes nothing."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+def _metadata(value: dict[str, str]) -> dict[str, str]:
+    if len(value) > MAX_METADATA:
+        raise invalid("has {count} keys; at most {limit} are allowed.", count=len(value), limit=MAX_METADATA)
+    for key, item in value.items():
+        if len(key) > 64 or len(item) > 512:
+            raise invalid("keys are at most 64 characters and values at most 512.")
+    return value
+
+
+class ResponsesRequest(Schema):
+    """The body of POST /v1/responses (see the module docstring for what is accepted)."""
+
+    model: str | None = None
+    input: Annotated[list[InputItem], BeforeValidator(_input_as_items, json_schema_input_type=str | list[InputItem])]
+    instructions: str | None = None
+    previous_response_id: str | None = Field(None, min_length=1, max_length=256)
+    store: bool = True
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None  # accepted (include_obfuscation); no effect
+    max_output_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    tools: list[FunctionTool] = Field([], max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    text: TextConfig = Field(default_factory=TextConfig)
+    metadata: Annotated[dict[str, str], AfterValidator(_metadata)] = {}
+    user: str | None = None
+    include: list[str] = []
+    reasoning: Reasoning | None = None
+    truncation: Annotated[Literal["disabled"], only_off("Only 'disabled' is: a too-long input is a 400.", "disabled")] = "disabled"
+    background: Annotated[bool, only_off("Responses are answered in the request.", False)] = False
+    top_logprobs: Annotated[int, only_off("Log-probabilities are available on /v1/chat/completions.", 0)] = 0
+    max_tool_calls: Annotated[None, only_off("Use 'parallel_tool_calls': false for one call.")] = None
+    prompt: Annotated[None, only_off("Prompt templates are not stored on this server.")] = None
+    conversation: Annotated[None, only_off("Continue a conversation with 'previous_response_id'.")] = None
+    context_management: Annotated[None, only_off("")] = None
+    service_tier: str | None = None  # accepted; no effect
+    safety_identifier: str | None = None  # accepted; no effect
+    prompt_cache_key: str | None = None  # accepted; the prefix cache needs no key
+    prompt_cache_retention: str | None = None  # accepted; no effect
+    # specdec's and vLLM's extensions, as on chat
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    top_k: int = Field(0, ge=-1, le=INT64_MAX, description="Sample from the k most likely tokens; 0 or -1: off.")
+    speculative: bool = Field(True, description="false: no speculation for this request.")
+    num_speculative_tokens: int | None = Field(None, ge=0, le=INT64_MAX, description="Caps the draft length k; 0: none.")
+    cache_salt: str | None = Field(None, min_length=1, max_length=1024, description="vLLM's prefix-cache isolation.")
+
+    @field_validator("input")
+    @classmethod
+    def _text_within_limit(cls, value: list[InputItem], info: ValidationInfo) -> list[InputItem]:
+        settings = limits.settings_of(info)
+        if settings is not None:
+            limits.check_prompt_chars(sum(len(item.text) + len(item.arguments or "") for item in value), settings)
+        return value
+
+    @field_validator("include")
+    @classmethod
+    def _no_logprobs(cls, value: list[str]) -> list[str]:
+        if LOGPROBS_INCLUDE in value:
+            raise unsupported("'{name}' is not: log-probabilities are available on /v1/chat/completions.",
+                              name=LOGPROBS_INCLUDE)
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _distinct_names(cls, value: list[FunctionTool]) -> list[FunctionTool]:
+        names = [t.name for t in value]
+        if len(set(names)) != len(names):
+            raise invalid("names a function twice.")
+        return value
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if info.data.get("stream") is not True:
+            raise invalid("is only allowed when 'stream' is true.")
+        return value
