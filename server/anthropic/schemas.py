@@ -38,7 +38,7 @@ KNOWN_BLOCK_TYPES = {"image", "document", "thinking", "redacted_thinking", "serv
                      "search_result", "container_upload", "mcp_tool_use", "mcp_tool_result", "code_execution_tool_result"}
 
 
-class TextBlock(Schema):
+class AnthropicTextBlock(Schema):
     """A text block (of ``system``, of a tool result)."""
 
     type: Literal["text"]
@@ -64,10 +64,10 @@ def _block_type(value: Any) -> Any:
     return value
 
 
-TextBlocks = Annotated[list[TextBlock], BeforeValidator(_text_as_blocks, json_schema_input_type=str | list[TextBlock])]
+TextBlocks = Annotated[list[AnthropicTextBlock], BeforeValidator(_text_as_blocks, json_schema_input_type=str | list[AnthropicTextBlock])]
 
 
-class ContentBlock(Schema):
+class AnthropicContentBlock(Schema):
     """A block of a message: ``text``; ``tool_use`` (an assistant's call: ``id``, ``name``,
     ``input``); ``tool_result`` (the user's answer to one: ``tool_use_id``, ``content``). Which
     fields a block needs depends on its type, so they are checked together below."""
@@ -84,7 +84,7 @@ class ContentBlock(Schema):
     citations: Annotated[None, only_off("Citations are not supported.")] = None
 
     @model_validator(mode="after")
-    def _fields_fit_the_type(self) -> ContentBlock:
+    def _fields_fit_the_type(self) -> AnthropicContentBlock:
         need = {"text": ("text",), "tool_use": ("id", "name", "input"), "tool_result": ("tool_use_id",)}[self.type]
         missing = [name for name in need if getattr(self, name) is None]
         if missing:
@@ -100,12 +100,16 @@ class ContentBlock(Schema):
         return "".join(block.text for block in self.content or [])
 
 
-class Message(Schema):
+Blocks = Annotated[list[AnthropicContentBlock],
+                   BeforeValidator(_text_as_blocks, json_schema_input_type=str | list[AnthropicContentBlock])]
+
+
+class AnthropicMessage(Schema):
     role: Literal["user", "assistant"]
-    content: Annotated[list[ContentBlock], BeforeValidator(_text_as_blocks, json_schema_input_type=str | list[ContentBlock])]
+    content: Blocks
 
     @model_validator(mode="after")
-    def _blocks_fit_the_role(self) -> Message:
+    def _blocks_fit_the_role(self) -> AnthropicMessage:
         kinds = {block.type for block in self.content}
         if self.role == "user" and "tool_use" in kinds:
             raise invalid("has a 'tool_use' block, which only assistant messages may have.")
@@ -118,7 +122,7 @@ class Message(Schema):
         return "".join(block.text or "" for block in self.content if block.type == "text")
 
 
-class Tool(Schema):
+class AnthropicTool(Schema):
     """A custom tool: ``name``, ``description``, ``input_schema`` (a JSON schema of an object)."""
 
     type: str = "custom"
@@ -136,46 +140,46 @@ class Tool(Schema):
         return value
 
 
-class ToolChoice(Schema):
+class AnthropicToolChoice(Schema):
     type: Literal["auto", "any", "tool", "none"]
     name: FunctionName | None = None
     disable_parallel_tool_use: bool = False
 
     @model_validator(mode="after")
-    def _name_iff_tool(self) -> ToolChoice:
+    def _name_iff_tool(self) -> AnthropicToolChoice:
         if (self.type == "tool") != (self.name is not None):
             raise invalid("needs 'name' when 'type' is \"tool\", and only then.")
         return self
 
 
-class Thinking(Schema):
+class AnthropicThinking(Schema):
     """Accepted; the served models do not think, so it changes nothing."""
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
 
 
-class OutputFormat(Schema):
+class AnthropicOutputFormat(Schema):
     """``output_config.format``: the answer is JSON matching ``schema`` (decoded under its grammar)."""
 
     type: Literal["json_schema"]
     json_schema: Annotated[dict[str, Any], AfterValidator(schema_within_caps)] = Field(alias="schema")
 
 
-class OutputConfig(Schema):
+class AnthropicOutputConfig(Schema):
     effort: str | None = None  # accepted; no effect
-    format: OutputFormat | None = None
+    format: AnthropicOutputFormat | None = None
 
 
 class MessagesPrompt(Schema):
     """What ``/v1/messages/count_tokens`` takes: the conversation and its tools."""
 
     model: NonEmptyStr
-    messages: list[Message] = Field(min_length=1)
+    messages: list[AnthropicMessage] = Field(min_length=1)
     system: TextBlocks | None = None
-    tools: list[Tool] = Field([], max_length=MAX_TOOLS)
-    tool_choice: ToolChoice | None = None
-    thinking: Thinking | None = None
+    tools: list[AnthropicTool] = Field([], max_length=MAX_TOOLS)
+    tool_choice: AnthropicToolChoice | None = None
+    thinking: AnthropicThinking | None = None
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -184,7 +188,7 @@ class MessagesPrompt(Schema):
 
     @field_validator("messages")
     @classmethod
-    def _text_within_limit(cls, value: list[Message], info: ValidationInfo) -> list[Message]:
+    def _text_within_limit(cls, value: list[AnthropicMessage], info: ValidationInfo) -> list[AnthropicMessage]:
         settings = limits.settings_of(info)
         if settings is not None:
             chars = sum(len(block.text or "") + len(block.result_text) for m in value for block in m.content)
@@ -193,7 +197,7 @@ class MessagesPrompt(Schema):
 
     @field_validator("tools")
     @classmethod
-    def _distinct_names(cls, value: list[Tool]) -> list[Tool]:
+    def _distinct_names(cls, value: list[AnthropicTool]) -> list[AnthropicTool]:
         names = [t.name for t in value]
         if len(set(names)) != len(names):
             raise invalid("names a tool twice.")
@@ -213,7 +217,7 @@ class MessagesRequest(MessagesPrompt):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, le=INT64_MAX)
     stream: bool = False
-    output_config: OutputConfig | None = None
+    output_config: AnthropicOutputConfig | None = None
     metadata: dict[str, Any] | None = None  # accepted (user_id); no effect
     cache_control: dict[str, Any] | None = None  # accepted; no effect
     service_tier: str | None = None  # accepted; no effect

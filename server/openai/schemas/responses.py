@@ -39,7 +39,7 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 MAX_METADATA = 16
 
 
-class ContentPart(Schema):
+class ResponsesContentPart(Schema):
     """A text part of a message (``input_text``; ``output_text`` in an earlier answer sent back)."""
 
     type: str
@@ -61,7 +61,7 @@ def _text_as_parts(value: Any) -> Any:
     return value
 
 
-TextParts = Annotated[list[ContentPart], BeforeValidator(_text_as_parts, json_schema_input_type=str | list[ContentPart])]
+TextParts = Annotated[list[ResponsesContentPart], BeforeValidator(_text_as_parts, json_schema_input_type=str | list[ResponsesContentPart])]
 
 
 def _item_type(value: Any) -> Any:
