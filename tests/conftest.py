@@ -200,9 +200,11 @@ def load(path: Path | str, **kwargs):
     """Load a model through the project's loader with test defaults (CPU, fp32)."""
     import os
 
+    from specdec_core.execution.device_profile import DeviceProfile
     from specdec_core.loading.loader import load_model
 
-    return load_model(str(path), role=kwargs.pop("role", "target"), device="cpu", dtype="float32",
+    profile = DeviceProfile.decide("cpu", "float32", kwargs.pop("quantize", "none"))
+    return load_model(str(path), role=kwargs.pop("role", "target"), profile=profile,
                       cache_dir=Path(os.environ["SPECDEC_CACHE_DIR"]), progress=False, **kwargs)
 
 
@@ -227,14 +229,19 @@ def logprob_values(deltas: list) -> list[float]:
 TEST_BLOCK = 16  # KV block size of the runners built in tests
 
 
-def slot_runner(model: torch.nn.Module, num_slots: int, max_len: int, **kwargs):
+def slot_runner(model: torch.nn.Module, num_slots: int, max_len: int, vocab_size: int, quantize: str = "none",
+                attention: str = "auto", graph_buckets: tuple[int, int] | None = None, **kwargs):
     """A ``ModelRunner`` whose KV pool holds ``num_slots`` regions of ``max_len`` positions, the
-    tables ``region(i, max_len)`` gives: tests that place requests by hand address them so."""
+    tables ``region(i, max_len)`` gives: tests that place requests by hand address them so. Its
+    profile is the model's device and dtype with ``quantize`` and ``attention``, and decode graphs
+    (bucketed shapes) where ``graph_buckets`` is given."""
+    from specdec_core.execution.device_profile import DeviceProfile
     from specdec_core.execution.kv_cache import blocks_for
     from specdec_core.execution.model_runner import ModelRunner
 
+    profile = DeviceProfile.of_model(model, quantize, attention, "on" if graph_buckets else "off")
     return ModelRunner(model, num_blocks=num_slots * blocks_for(max_len, TEST_BLOCK), block_size=TEST_BLOCK,
-                       max_len=max_len, **kwargs)
+                       max_len=max_len, vocab_size=vocab_size, profile=profile, graph_buckets=graph_buckets, **kwargs)
 
 
 def region(i: int, max_len: int) -> list[int]:

@@ -44,7 +44,7 @@ def test_bucketed_forwards_equal_the_eager_packed_forward(model, quantize: str) 
     so every verifying forward here has one request with K drafts, as the eager call then has."""
     vocab = model.config.vocab_size
     eager = slot_runner(model, 6, MAX_LEN, vocab_size=vocab, quantize=quantize, attention="packed")
-    padded = slot_runner(model, 6, MAX_LEN, vocab_size=vocab, quantize=quantize, attention="packed", graphs=(6, K + 1))
+    padded = slot_runner(model, 6, MAX_LEN, vocab_size=vocab, quantize=quantize, attention="packed", graph_buckets=(6, K + 1))
     assert eager.graphs is None and padded.graphs is not None
     rng = random.Random(f"graphs-{quantize}")
     lengths = [rng.randrange(20, 60) for _ in range(5)]
@@ -74,7 +74,7 @@ def test_bucketed_forwards_equal_the_eager_packed_forward(model, quantize: str) 
 
 def test_padding_writes_only_the_scratch_block(model) -> None:
     vocab = model.config.vocab_size
-    runner = slot_runner(model, 4, MAX_LEN, vocab_size=vocab, attention="packed", graphs=(8, K + 1))
+    runner = slot_runner(model, 4, MAX_LEN, vocab_size=vocab, attention="packed", graph_buckets=(8, K + 1))
     items = [ForwardItem(region(i, MAX_LEN), 0, [5 + i, 6, 7], 3, num_drafts=2) for i in range(3)]  # 3 -> 4 groups
     runner.forward(items)
     bs, scratch = runner.cache.block_size, runner.cache.scratch_row
@@ -85,7 +85,7 @@ def test_padding_writes_only_the_scratch_block(model) -> None:
 
 
 def test_prefill_chunks_and_oversized_batches_stay_eager(model) -> None:
-    runner = slot_runner(model, 4, MAX_LEN, vocab_size=model.config.vocab_size, attention="packed", graphs=(2, K + 1))
+    runner = slot_runner(model, 4, MAX_LEN, vocab_size=model.config.vocab_size, attention="packed", graph_buckets=(2, K + 1))
     assert runner.graphs is not None
     long = runner.plan([ForwardItem(region(0, MAX_LEN), 0, list(range(10)), 1)], HostUpload())
     crowd = runner.plan([ForwardItem(region(i, MAX_LEN), 4, [1], 1) for i in range(3)], HostUpload())

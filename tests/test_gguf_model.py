@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import load, region, slot_runner
+from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.gguf_file import read_gguf
 from specdec_core.execution.model_runner import ForwardItem
 from specdec_core.loading.loader import load_model
@@ -33,8 +34,8 @@ def test_served_from_the_file_is_the_converted_model(smol_gguf, tmp_path):
     """Config, tokenizer and logits (``torch.equal``) are the converted model's; the cache dir
     stays empty (no fp32 checkpoint, no tensor table)."""
     cache = tmp_path / "cache"
-    served = load_model(str(smol_gguf), role="target", device="cpu", dtype="float32", cache_dir=cache,
-                        progress=False, quantize="gguf")
+    served = load_model(str(smol_gguf), role="target",
+                        profile=DeviceProfile.decide("cpu", "float32", "gguf"), cache_dir=cache, progress=False)
     assert served.path == smol_gguf
     assert not cache.exists() or not any(cache.rglob("*"))
     assert {p.numel() for p in served.model.model.layers[0].self_attn.q_proj.parameters()} == {0}  # blocks only
@@ -68,8 +69,8 @@ def test_converted_checkpoint_is_transformers_own_reading(smol_gguf):
 
 def test_other_modes_take_the_converted_path(smol_gguf):
     """fp32 needs dense weights: the loader converts (once) rather than serve empty placeholders."""
-    loaded = load_model(str(smol_gguf), role="target", device="cpu", dtype="float32",
-                        cache_dir=Path(os.environ["SPECDEC_CACHE_DIR"]), progress=False, quantize="none")
+    loaded = load_model(str(smol_gguf), role="target", profile=DeviceProfile.decide("cpu", "float32", "none"),
+                        cache_dir=Path(os.environ["SPECDEC_CACHE_DIR"]), progress=False)
     assert loaded.path.is_dir() and loaded.model.model.layers[0].self_attn.q_proj.weight.numel() > 0
 
 
@@ -78,8 +79,8 @@ def test_gemma3_from_the_file(gemma3_gguf, tmp_path):
     """Gemma 3's norms (stored with llama.cpp's +1), tied head and sliding windows from the file:
     the converted model's logits, bit for bit, in a few seconds and without writing anything."""
     cache = tmp_path / "cache"
-    served = load_model(str(gemma3_gguf), role="target", device="cpu", dtype="float32", cache_dir=cache,
-                        progress=False, quantize="gguf")
+    served = load_model(str(gemma3_gguf), role="target",
+                        profile=DeviceProfile.decide("cpu", "float32", "gguf"), cache_dir=cache, progress=False)
     assert not cache.exists() or not any(cache.rglob("*"))
     converted = load(gemma3_gguf)
     ids = served.tokenizer("<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n")["input_ids"]
@@ -93,8 +94,8 @@ def test_gemma3_from_the_file(gemma3_gguf, tmp_path):
 def test_a_draft_head_over_part_of_the_vocabulary(smol_gguf, tmp_path):
     """A draft's frequent-vocabulary head (``head_rows``) of a file-served model takes those rows of
     the tied head's blocks: its logits are the full head's for those ids, -inf elsewhere."""
-    served = load_model(str(smol_gguf), role="draft", device="cpu", dtype="float32", cache_dir=tmp_path,
-                        progress=False, quantize="gguf")
+    served = load_model(str(smol_gguf), role="draft",
+                        profile=DeviceProfile.decide("cpu", "float32", "gguf"), cache_dir=tmp_path, progress=False)
     vocab = served.model.config.vocab_size
     rows = list(range(0, vocab, 7))
     ids = served.tokenizer(PROMPT)["input_ids"]

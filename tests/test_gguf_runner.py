@@ -25,10 +25,11 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from conftest import load, region, slot_runner
+from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
 from specdec_core.execution.gguf_weights import ATTRIBUTE, detach_block_weights, gguf_source, read_block_weights
 from specdec_core.execution.model_runner import ForwardItem, ModelRunner
-from specdec_core.loading.loader import convert_gguf, resolve_quantize
+from specdec_core.loading.loader import convert_gguf
 from test_batch_invariance import MAX_LEN, NUM_DRAFTS, PROMPT_LEN, alone, others
 from test_gguf_blocks import blocks_for
 
@@ -175,7 +176,7 @@ def test_smollm2_default_cpu_mode_keeps_fp32s_answer(smol_safetensors):
     until 2026-11-28) answers ``if len(arr) <= 1: ... return [xortortort...`` and fails both
     checks (KL 0.045 nats on these positions), Q8_0 made at load keeps the answer (KL 0.004)."""
     loaded = smol_safetensors
-    mode = resolve_quantize("auto", torch.device("cpu"), torch.float32)
+    mode = DeviceProfile.decide("cpu", "float32", "auto").kernels
     if mode != "gguf":
         pytest.skip("the block kernels are not vectorized here: the CPU default stays per-row int8")
     ids = loaded.tokenizer("def quicksort(arr):").input_ids

@@ -20,34 +20,21 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import specdec_core.loading.default_models as default_models
 import specdec_core.loading.loader as loader
-from specdec_core.execution import gguf_kernels
+from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.loading.default_models import DefaultModel, default_model_path, pip_requirements
 from specdec_core.loading.loader import (
     LoadedModel,
     ModelLoadError,
     load_model,
-    resolve_device,
-    resolve_dtype,
-    resolve_quantize,
 )
 from specdec_core.loading.tokenizer_compat import IncompatibleModelsError, check_pair
 
 SMOL_VOCAB = 49152
 
 
-def _load(source: str | Path, cache_dir: Path, **kw) -> LoadedModel:
-    kw = {"device": "cpu", "dtype": "auto", **kw}
-    return load_model(str(source), role="target", cache_dir=cache_dir, progress=False, **kw)
-
-
-def test_resolve_device_and_dtype() -> None:
-    assert resolve_device("cpu") == torch.device("cpu")
-    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
-    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
-    assert resolve_dtype("float16", torch.device("cpu")) == torch.float16
-    with pytest.raises(ValueError):
-        resolve_dtype("int4", torch.device("cpu"))
+def _load(source: str | Path, cache_dir: Path, dtype: str = "auto", quantize: str = "none") -> LoadedModel:
+    profile = DeviceProfile.decide("cpu", dtype, quantize)
+    return load_model(str(source), role="target", profile=profile, cache_dir=cache_dir, progress=False)
 
 
 def test_load_local_dir(tiny_target: Path, tmp_path: Path) -> None:
@@ -70,7 +57,7 @@ def test_missing_sources_name_the_path(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="no config.json"):
         _load(tmp_path / "empty", tmp_path)
     with pytest.raises(ValueError, match="role"):
-        load_model(None, role="critic", cache_dir=tmp_path, progress=False)
+        load_model(None, role="critic", profile=DeviceProfile.decide("cpu"), cache_dir=tmp_path, progress=False)
 
 
 def test_missing_weights_are_refused(tiny_target: Path, tmp_path: Path) -> None:
@@ -90,24 +77,6 @@ def test_hub_id_absent_from_cache_is_not_downloaded(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(ModelLoadError, match="not in the local Hugging Face cache.*no download"):
         _load("specdec-tests/surely-not-cached-model", tmp_path)
-
-
-def test_quantize_auto_is_the_block_kernels_on_cpu_and_int8_refused_elsewhere() -> None:
-    """Any model on the CPU gets the block kernels where they are vectorized (Q8_0 made at load for
-    a model not from a GGUF file: per-row int8 garbles small models), per-row int8 elsewhere."""
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    expected = "gguf" if gguf_kernels.vectorized() else "int8"
-    assert resolve_quantize("auto", cpu, torch.float32) == expected
-    assert resolve_quantize("auto", cpu, torch.float32, torch.nn.Linear(2, 2)) == expected  # not from a GGUF file
-    assert resolve_quantize("auto", cuda, torch.bfloat16) == "none"
-    assert resolve_quantize("auto", cpu, torch.bfloat16) == "none"
-    assert resolve_quantize("none", cpu, torch.float32) == "none"
-    with pytest.raises(ModelLoadError, match="int8"):
-        resolve_quantize("int8", cpu, torch.bfloat16)
-    with pytest.raises(ModelLoadError, match="int8"):
-        resolve_quantize("int8", cuda, torch.float32)
-    with pytest.raises(ValueError, match="int4"):
-        resolve_quantize("int4", cpu, torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -133,16 +102,6 @@ def smol_converted(
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
-
-
-def test_quantize_auto_serves_a_gguf_models_own_blocks_on_the_cpu(smol_converted: tuple[Path, LoadedModel]) -> None:
-    """A model converted from a GGUF file gets its own blocks by default where the AVX2 kernels
-    run (faster than int8 there, and the file's own model); fp32 on request, none on CUDA."""
-    model = smol_converted[1].model
-    expected = "gguf" if gguf_kernels.vectorized() else "int8"
-    assert resolve_quantize("auto", torch.device("cpu"), torch.float32, model) == expected
-    assert resolve_quantize("auto", torch.device("cuda"), torch.bfloat16, model) == "none"
-    assert resolve_quantize("none", torch.device("cpu"), torch.float32, model) == "none"
 
 
 @pytest.mark.slow

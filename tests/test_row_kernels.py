@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from conftest import load, slot_runner
 from specdec_core.execution import gguf_kernels, row_kernels
 from specdec_core.execution.attention import Segment, attend_segments, split_single_rows
+from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.native_decoder import _rope
 
-pytestmark = pytest.mark.skipif(not row_kernels.supported(torch.device("cpu"), torch.float32),
+pytestmark = pytest.mark.skipif(not DeviceProfile.decide("cpu", "float32", "none").row_kernels,
                                 reason="the row kernels run where the C kernels are built with AVX2")
 
 

@@ -24,14 +24,15 @@ def _load_pair(args, need_draft: bool):
     if str(REPO_ROOT) not in sys.path:
         sys.path.append(str(REPO_ROOT))
     from specdec_core.engine.config import default_cache_dir  # type: ignore
-    from specdec_core.loading.loader import load_model, resolve_device, resolve_dtype, resolve_quantize  # type: ignore
+    from specdec_core.execution.device_profile import DeviceProfile  # type: ignore
+    from specdec_core.loading.loader import load_model  # type: ignore
 
-    device = resolve_device(args.device)
-    mode = resolve_quantize(args.quantize, device, resolve_dtype(args.dtype, device))
+    mode = DeviceProfile.decide(args.device, args.dtype, args.quantize).kernels
+    profile = DeviceProfile.decide(args.device, args.dtype, "none")
     log("baselines load their models through specdec_core.loading.loader.load_model (converted-weights cache)")
 
     def load(source: str | None, role: str):
-        lm = load_model(source, role=role, device=device, dtype=args.dtype, cache_dir=default_cache_dir(), progress=True)
+        lm = load_model(source, role=role, profile=profile, cache_dir=default_cache_dir(), progress=True)
         return _dynamic_int8(lm.model) if mode in ("int8", "gguf") else lm.model, lm.tokenizer
 
     target, tok = load(args.model, "target")
@@ -39,7 +40,7 @@ def _load_pair(args, need_draft: bool):
     if need_draft:
         if args.model is None or args.draft_model:
             draft, _ = load(args.draft_model, "draft")
-    return target, draft, tok, device.type
+    return target, draft, tok, profile.device.type
 
 
 def _dynamic_int8(model):

@@ -39,6 +39,7 @@ from specdec_core.engine.speculative_step import SpeculativeStep, StepOutcome
 from specdec_core.engine.startup_costs import step_costs
 from specdec_core.engine.stats import EngineMetrics
 from specdec_core.engine.step_plan import ScheduledRequest, ScheduledStep
+from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.kv_cache import BlockPool
 from specdec_core.execution.model_runner import ModelRunner
@@ -65,36 +66,41 @@ class Completion:
     stats: RequestStats
 
 
+def _profile(config: EngineConfig, model: HFModule | None = None) -> DeviceProfile:
+    """The device profile of ``config``'s flags; for models already loaded, on their device and dtype."""
+    flags = (config.quantize, config.attention, config.decode_graphs)
+    return DeviceProfile.decide(config.device, config.dtype, *flags) if model is None else DeviceProfile.of_model(model, *flags)
+
+
 class Engine:
     """Owns the models, caches, scheduler and proposers. Not thread-safe: drive it from one thread."""
 
     def __init__(self, config: EngineConfig, progress: bool = True) -> None:
-        from specdec_core.loading.loader import load_model, resolve_device, resolve_dtype, resolve_quantize
+        from specdec_core.loading.loader import load_model
 
-        device = resolve_device(config.device)
-        dtype = resolve_dtype(config.dtype, device)
-        resolve_quantize(config.quantize, device, dtype)  # refuse a bad combination before loading
+        # Every per-device choice, made (and a bad combination refused) before any model loads.
+        profile = _profile(config)
         # The embedded default (no --model) is a pair: it always has a draft model.
         has_draft = config.draft_model is not None or config.model is None
         method = speculation_method(config.speculative_method, has_draft)
-        target = load_model(config.model, role="target", device=device, dtype=dtype, cache_dir=config.cache_dir,
-                            progress=progress, quantize=config.quantize)
+        target = load_model(config.model, role="target", profile=profile, cache_dir=config.cache_dir, progress=progress)
         draft = None
         if method in ("draft", "auto") and has_draft:
-            draft = load_model(config.draft_model, role="draft", device=device, dtype=dtype, cache_dir=config.cache_dir,
-                               progress=progress, quantize=config.quantize)
-        self._setup(config, target, draft, method, owns_models=True)
+            draft = load_model(config.draft_model, role="draft", profile=profile, cache_dir=config.cache_dir,
+                               progress=progress)
+        self._setup(config, profile, target, draft, method, owns_models=True)
 
     @classmethod
     def from_loaded(cls, config: EngineConfig, target, draft=None) -> "Engine":
         """Build an engine around already loaded models (``LoadedModel``), e.g. to share them."""
         engine = cls.__new__(cls)
         method = speculation_method(config.speculative_method, draft is not None)
-        engine._setup(config, target, draft if method in ("draft", "auto") else None, method)
+        profile = _profile(config, target.model)
+        engine._setup(config, profile, target, draft if method in ("draft", "auto") else None, method)
         return engine
 
-    def _setup(self, config: EngineConfig, target, draft, method: str, owns_models: bool = False) -> None:
-        from specdec_core.loading.loader import resolve_quantize
+    def _setup(self, config: EngineConfig, profile: DeviceProfile, target, draft, method: str,
+               owns_models: bool = False) -> None:
         from specdec_core.loading.tokenizer_compat import check_pair, output_vocab_size
 
         self.config = config
@@ -106,32 +112,29 @@ class Engine:
         self.vocab_size = vocab
         self.num_speculative_tokens = 0 if method == "none" else config.num_speculative_tokens
         self.eos_ids = eos_token_ids(target.model, target.tokenizer)
-        param = next(target.model.parameters())
-        self.quantize = resolve_quantize(config.quantize, param.device, param.dtype, target.model)
-        self.kv = size_for(config, [target.model] + ([draft.model] if draft is not None else []), param.device,
+        self.profile = profile
+        self.kv = size_for(config, [target.model] + ([draft.model] if draft is not None else []), profile.device,
                            self.num_speculative_tokens)
         self.max_model_len = config.max_model_len = self.kv.max_model_len
+        log.info("%s", profile.describe())
         log.info("%s", self.kv.describe())
-
-        graphs = config.decode_graphs == "on" or (config.decode_graphs == "auto" and param.device.type == "cuda")
-        buckets = (config.max_num_seqs, self.num_speculative_tokens + 1) if graphs else None
-        capture = graphs and param.device.type == "cuda"
+        buckets = (config.max_num_seqs, self.num_speculative_tokens + 1) if profile.decode_graphs else None
 
         def runner(model: HFModule, head_rows: list[int] | None = None) -> ModelRunner:
-            return ModelRunner(model, self.kv.num_blocks, self.kv.block_size, self.max_model_len, vocab, self.quantize,
-                               release_weights=owns_models, head_rows=head_rows, attention=config.attention,
-                               graphs=buckets)
+            return ModelRunner(model, self.kv.num_blocks, self.kv.block_size, self.max_model_len, vocab, profile,
+                               release_weights=owns_models, head_rows=head_rows, graph_buckets=buckets)
 
-        with phase(log, f"preparing {self.quantize} kernels for the target model"):
+        with phase(log, f"preparing {profile.kernels} kernels for the target model"):
             self.target = runner(target.model)
         if config.decode_graphs == "on" and self.target.graphs is None:
-            raise ValueError("--decode-graphs on needs packed attention (--attention packed) and a Llama-family model")
+            raise ValueError("--decode-graphs on needs a model on the native path (decoder_families)")
         self.draft_runner = None
         if draft is not None:
             head = frequent_token_ids(self.tokenizer, config.draft_vocab_size, vocab, self.eos_ids)
-            with phase(log, f"preparing {self.quantize} kernels for the draft model"):
+            with phase(log, f"preparing {profile.kernels} kernels for the draft model"):
                 self.draft_runner = runner(draft.model, head)
-        for role, r in ((n, x) for n, x in (("target", self.target), ("draft", self.draft_runner)) if x is not None and capture):
+        runners = (("target", self.target), ("draft", self.draft_runner)) if profile.capture_graphs else ()
+        for role, r in ((n, x) for n, x in runners if x is not None):
             with phase(log, f"capturing the {role} model's decode graphs up to {config.graph_capture_len} keys"):
                 r.capture_graphs(config.graph_capture_len)  # after every KV cache is allocated
         self.drafter = DraftModelProposer(self.draft_runner) if self.draft_runner is not None else None
@@ -142,17 +145,16 @@ class Engine:
         found: tuple[tuple[Source, LookupProposer | None], ...] = (("ngram", self.ngram), ("suffix", self.suffix))
         lookups: dict[Source, LookupProposer] = {source: p for source, p in found if p is not None}
         self.speculative_step = SpeculativeStep(self.target, self.drafter, lookups)
-        log.info("execution: target %s path, draft %s, quantize=%s, decode graphs %s", self.target.path,
-                 self.draft_runner.path if self.draft_runner else "none", self.quantize,
-                 ("captured per bucket" if capture else "padded, eager")
-                 if self.target.graphs is not None else "off")
+        log.info("execution: target on the %s path, draft %s%s", self.target.path,
+                 f"on the {self.draft_runner.path} path" if self.draft_runner else "none",
+                 "; no decode graphs (not the native path)" if profile.decode_graphs and self.target.graphs is None else "")
         self.scheduler = Scheduler(config.max_num_seqs, config.prefill_chunk_size, BlockPool(self.kv.num_blocks),
                                    self.kv.block_size, config.enable_prefix_caching,
                                    share_outputs=all(r.rows_alone for r in (self.target, self.draft_runner) if r))
         self.metrics = EngineMetrics()
         self._seed_rng = torch.Generator().manual_seed(config.seed if config.seed is not None else int(time.time_ns() % 2**31))
         self.costs, self.cost_cache = step_costs(config, self.target, self.draft_runner, target, draft,
-                                                 self.quantize, 1 + self.num_speculative_tokens)
+                                                 profile, 1 + self.num_speculative_tokens)
         self.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
         self.grammars.warm()
         self.policy = SpeculationPolicy(method, self.costs, config.adaptive_speculation, self.max_model_len, lookups,

@@ -14,7 +14,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from specdec_core.engine.config import EngineConfig
-from specdec_core.execution import gguf_kernels, row_kernels
+from specdec_core.execution import gguf_kernels
+from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.loading.progress_log import phase
 from specdec_core.speculation.cost_cache import CostCache, machine, model_identity
@@ -27,7 +28,7 @@ log = logging.getLogger("specdec.engine")
 
 
 def step_costs(config: EngineConfig, target: ModelRunner, draft: ModelRunner | None, target_model: LoadedModel,
-               draft_model: LoadedModel | None, quantize: str, tokens_per_seq: int) -> tuple[StepCostModel, CostCache | None]:
+               draft_model: LoadedModel | None, profile: DeviceProfile, tokens_per_seq: int) -> tuple[StepCostModel, CostCache | None]:
     """The costs of this configuration on this machine (``cost_model.calibrate``), and the cache
     they are kept in (None without adaptive speculation)."""
     if not config.adaptive_speculation:
@@ -36,11 +37,11 @@ def step_costs(config: EngineConfig, target: ModelRunner, draft: ModelRunner | N
     cache = CostCache(config.cache_dir, {
         "target": model_identity(target_model.path),
         "draft": model_identity(draft_model.path) if draft_model is not None else None,
-        "quantize": quantize,
+        "quantize": profile.kernels,
         # the C kernels run the block layers (gguf) and the row-wise ops (CPU float32): a new build, new costs
-        "kernels": gguf_kernels.build() if quantize == "gguf" or row_kernels.supported(target.device, target.dtype) else None,
-        "attention": target.attention, "path": target.path,
-        "dtype": str(target.dtype), "device": target.device.type, "machine": machine(),
+        "kernels": gguf_kernels.build() if profile.kernels == "gguf" or profile.row_kernels else None,
+        "attention": profile.attention, "path": target.path,
+        "dtype": str(profile.dtype), "device": profile.device.type, "machine": machine(),
         "max_num_seqs": config.max_num_seqs, "tokens_per_seq": tokens_per_seq, "max_model_len": config.max_model_len,
         "draft_vocab_size": config.draft_vocab_size if draft_model is not None else None})
     cached = cache.load()

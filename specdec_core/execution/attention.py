@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specdec_core.execution import gguf_kernels, row_kernels
+from specdec_core.execution import gguf_kernels
 
 
 @dataclass
@@ -93,13 +93,6 @@ class RowAttention:
         gathered = self.first >= 0
         return RowAttention(self.rows, self.kv_len - skip, torch.where(gathered, self.base, self.base + skip),
                             torch.where(gathered, self.first + skip, self.first), self.index)
-
-
-def row_attention_supported(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
-    """Where ``attend_rows`` runs: where the row kernels do (``row_kernels.supported``; the
-    portable C loop is no faster than torch's call), for heads of up to 512 dims. Fixed for a
-    process, so a row is always computed by the same function."""
-    return head_dim <= 512 and row_kernels.supported(device, dtype)
 
 
 def split_single_rows(segments: list[Segment]) -> tuple[list[Segment], RowAttention | None]:

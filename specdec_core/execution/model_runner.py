@@ -17,24 +17,19 @@ Two execution paths, chosen per model at start-up (``ModelRunner.path``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-from specdec_core.execution.attention import Segment, packed_attention, row_attention_supported, split_single_rows
+from specdec_core.execution.attention import Segment, packed_attention, split_single_rows
 from specdec_core.execution.decode_graphs import Bucket, DecodeGraphs, kv_bucket
 from specdec_core.execution.decoder_families import check_transformers_path, describe
+from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.gguf_weights import attach_block_weights, detach_block_weights, prepare_block_linears
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.host_upload import HostUpload, Ref
 from specdec_core.execution.kv_cache import PackedLayout, PagedKVCache, contiguous_base, token_rows
-from specdec_core.execution.linear_kernels import Quantize, prepare_linears
+from specdec_core.execution.linear_kernels import prepare_linears
 from specdec_core.execution.native_decoder import Batch, NativeDecoder
-
-# How the native path attends (``attention``): "segments" (one call per block of a request's known
-# tokens and one per draft: rows bit-identical alone and batched; the CPU default), "packed" (one call
-# per layer for the whole forward: the launch-bound CUDA default), "auto" picks by device.
-Attention = Literal["auto", "segments", "packed"]
 
 
 @dataclass
@@ -90,23 +85,23 @@ class ModelRunner:
     """Owns a model and its KV cache; turns ragged batches into one packed forward."""
 
     def __init__(self, model: HFModule, num_blocks: int, block_size: int, max_len: int, vocab_size: int,
-                 quantize: Quantize = "none", release_weights: bool = False,
-                 head_rows: list[int] | None = None, attention: Attention = "auto",
-                 graphs: tuple[int, int] | None = None) -> None:
+                 profile: DeviceProfile, release_weights: bool = False, head_rows: list[int] | None = None,
+                 graph_buckets: tuple[int, int] | None = None) -> None:
         """``num_blocks`` x ``block_size``: the KV pool (``kv_cache``); ``max_len``: the longest
-        request (positions the rotary table covers).
+        request (positions the rotary table covers); ``profile``: the kernels, attention layout
+        and graphs of this device (``device_profile``).
         ``release_weights``: the runner owns ``model`` and may free the original weights it
         has copied into prepared kernels (halves peak memory); leave it off for shared models.
-        ``graphs``: (most requests, most tokens per request) of the forwards to run in bucketed
-        static shapes (``decode_graphs``; packed attention only), captured as CUDA graphs on a GPU
-        (``capture_graphs``, or on first use).
+        ``graph_buckets``: (most requests, most tokens per request) of the forwards to run in
+        bucketed static shapes where the profile has decode graphs (``decode_graphs``), captured
+        as CUDA graphs on a GPU (``capture_graphs``, or on first use).
         ``head_rows``: score only these token ids (``draft_vocab``); every other logit is -inf,
         so whatever is sampled from the logits has probability 0 outside them."""
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        param = next(model.parameters())
-        self.device = param.device
+        self.profile = profile
+        self.device = profile.device
         # int8 keeps fp32 activations; the cache follows the activation dtype.
-        self.dtype = param.dtype
+        self.dtype = profile.dtype
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.cache = PagedKVCache(
@@ -116,17 +111,17 @@ class ModelRunner:
         self.max_len = max_len
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.native: NativeDecoder | None = None
-        self.attention = ("packed" if self.device.type == "cuda" else "segments") if attention == "auto" else attention
-        self.row_attention = self.attention == "segments" and row_attention_supported(self.device, self.dtype, head_dim)
+        self.attention = profile.attention
+        self.row_attention = profile.row_attention(head_dim)
         # gguf: the linears of a model converted from a GGUF file get the file's blocks while preparing
-        self.block_layers = attach_block_weights(model) if quantize == "gguf" else 0
+        self.block_layers = attach_block_weights(model) if profile.kernels == "gguf" else 0
         try:
-            self._prepare(model, quantize, max_len, release_weights, head_rows)
+            self._prepare(model, max_len, release_weights, head_rows)
         finally:
             detach_block_weights(model)
         self.graphs: DecodeGraphs | None = None
-        if graphs is not None and self.native is not None and self.attention == "packed":
-            self.graphs = DecodeGraphs(self.native, self.cache, graphs[0], graphs[1], capture=self.device.type == "cuda")
+        if graph_buckets is not None and profile.decode_graphs and self.native is not None:
+            self.graphs = DecodeGraphs(self.native, self.cache, *graph_buckets, capture=profile.capture_graphs)
 
     def capture_graphs(self, capture_len: int) -> int:
         """Capture the decode graphs over at most ``capture_len`` keys now (CUDA; see
@@ -137,11 +132,11 @@ class ModelRunner:
         bs = self.cache.block_size
         return self.graphs.capture_all(min(capture_len, self.max_len), bs, self.max_len)
 
-    def _prepare(self, model: HFModule, quantize: Quantize, max_len: int, release_weights: bool,
-                 head_rows: list[int] | None) -> None:
+    def _prepare(self, model: HFModule, max_len: int, release_weights: bool, head_rows: list[int] | None) -> None:
+        quantize = self.profile.kernels
         spec, why_not = describe(model, max_len)
         if spec is not None:
-            self.native = NativeDecoder(model, spec, quantize, max_len, release=release_weights, head_rows=head_rows)
+            self.native = NativeDecoder(model, spec, self.profile, max_len, release=release_weights, head_rows=head_rows)
             self.path = "native"
         else:
             check_transformers_path(model, why_not, head_rows)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from specdec_core.execution import row_kernels
 from specdec_core.execution.attention import PackedAttention, RowAttention, Segment, attend_packed, attend_segments
 from specdec_core.execution.decoder_families import DecoderSpec, LayerSpec, rope_tables
+from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.gguf_linear import BlockWeight
 from specdec_core.execution.gguf_weights import ATTRIBUTE, block_linear
 from specdec_core.execution.hf_types import HFModule
@@ -153,9 +154,10 @@ class NativeDecoder(torch.nn.Module):
     """The decoder stack and head of a model ``decoder_families.describe`` accepted, prepared for
     specdec's ragged batches."""
 
-    def __init__(self, model: HFModule, spec: DecoderSpec, quantize: Quantize, max_len: int, release: bool = False,
+    def __init__(self, model: HFModule, spec: DecoderSpec, profile: DeviceProfile, max_len: int, release: bool = False,
                  head_rows: list[int] | None = None) -> None:
-        """``head_rows``: score only these token ids (a draft's frequent-vocabulary head); the
+        """``profile``: the linear kernels and whether the C row kernels run (``device_profile``).
+        ``head_rows``: score only these token ids (a draft's frequent-vocabulary head); the
         logits then come back in that order, one column per listed id."""
         super().__init__()
         base = model.base_model
@@ -164,7 +166,7 @@ class NativeDecoder(torch.nn.Module):
         # a model served from its GGUF file looks its tokens up in the embedding's blocks
         self.embed_blocks: BlockWeight | None = getattr(base.embed_tokens, ATTRIBUTE, None) if self.embed.numel() == 0 else None
         like = spec.final_norm.weight  # a real tensor of the model's device and dtype
-        fused = row_kernels.supported(like.device, like.dtype)
+        quantize, fused = profile.kernels, profile.row_kernels
         self.rope, qkv_rows = _rotary_layout(rope_tables(model, max_len, like), spec)
         if qkv_rows is not None and any("q" in layer.norms for layer in spec.layers):
             raise ValueError("partial rotary dims with per-head query/key norms are not supported")

@@ -7,9 +7,9 @@ Why: on the CPU a one-token step is bound by the bytes of weights it streams (~6
 nearly all per-op overhead. Each row is computed by one thread with one instruction sequence,
 so rows stay bit-identical alone and batched.
 
-``supported`` decides once per model whether they run (float32 on a CPU where the C kernels are
-built and vectorized); elsewhere (CUDA, bfloat16) the torch forms in ``native_decoder`` run, which
-compute the same functions up to rounding.
+``DeviceProfile.row_kernels`` decides once per engine whether they run (float32 on a CPU where
+the C kernels are built and vectorized); elsewhere (CUDA, bfloat16) the torch forms in
+``native_decoder`` run, which compute the same functions up to rounding.
 """
 
 from __future__ import annotations
@@ -17,11 +17,6 @@ from __future__ import annotations
 import torch
 
 from specdec_core.execution import gguf_kernels
-
-
-def supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """True where the row kernels (and ``attention.attend_rows``) run for a model."""
-    return device.type == "cpu" and dtype == torch.float32 and gguf_kernels.vectorized()
 
 
 def _rows(x: torch.Tensor) -> None:

@@ -26,15 +26,14 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 import specdec_core.loading.default_models as default_models
+from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.hf_types import HFModule
-from specdec_core.execution.linear_kernels import Quantize
 from specdec_core.loading.gguf_model import can_read, dequantize_blocks, load_gguf_model
 from specdec_core.loading.model_errors import ModelLoadError
 from specdec_core.loading.progress_log import phase
 from specdec_core.loading.stale_partials import remove_stale_partials
 
-__all__ = ["LoadedModel", "ModelLoadError", "convert_gguf", "load_model", "remove_stale_partials",
-           "resolve_device", "resolve_dtype", "resolve_quantize"]
+__all__ = ["LoadedModel", "ModelLoadError", "convert_gguf", "load_model", "remove_stale_partials"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,70 +41,6 @@ logger = logging.getLogger(__name__)
 _SHARD_BYTES = 2 << 30
 # "org/name" or "name": anything else that does not exist locally is reported as a missing path.
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``"auto"`` picks CUDA when present, else the CPU; asking for absent CUDA fails early."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    resolved = torch.device(device)
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError(f"device {device!r} requested but CUDA is not available")
-    return resolved
-
-
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-}
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """``"auto"`` is bf16 on CUDA (halves memory traffic) and fp32 on CPU (bf16 GEMMs are slow there)."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected auto or one of {sorted(_DTYPES)}")
-    return _DTYPES[dtype]
-
-
-def resolve_quantize(quantize: str, device: torch.device, dtype: torch.dtype,
-                     model: torch.nn.Module | None = None) -> Quantize:
-    """``"auto"`` on the CPU in float32 is ``"gguf"`` where the AVX2 block kernels run, else int8;
-    ``"none"`` elsewhere (int8 and gguf off the CPU are refused). ``"gguf"`` runs the block kernels
-    (``gguf_linear``): a GGUF model's own quantized blocks, and Q8_0 blocks made at load
-    (``q8_0_blocks``) for a safetensors model and for the layers the file's blocks do not cover.
-    Why: per-row int8 garbles small models (SmolLM2-135M) and is further from fp32 than the 4-bit
-    GGUF on the 1.5B (top-1 0.945, KL 0.107 nats), while Q8_0 (one scale per 32 weights) stays
-    close (docs/benchmarks.md); on the 2-core dev machine a one-token step of the default 1.5B
-    costs 0.65x int8 on the file's blocks (1.0 GB of weights read against 1.5), and all of them
-    are batch-invariant. ``model`` is not needed any more (kept for callers)."""
-    if quantize not in ("auto", "none", "int8", "gguf"):
-        raise ValueError(f"unknown quantize {quantize!r}; expected 'auto', 'none', 'int8' or 'gguf'")
-    cpu_fp32 = device.type == "cpu" and dtype == torch.float32
-    if quantize == "auto":
-        if not cpu_fp32:
-            return "none"
-        from specdec_core.execution import gguf_kernels
-
-        return "gguf" if gguf_kernels.vectorized() else "int8"
-    if quantize in ("int8", "gguf") and not cpu_fp32:
-        raise ModelLoadError(
-            f"quantize={quantize!r} (per-row quantized CPU kernels) runs only on the CPU in float32, "
-            f"not on {device} in {dtype}; use quantize='none' there"
-        )
-    if quantize == "gguf":
-        from specdec_core.execution import gguf_kernels
-
-        try:
-            gguf_kernels.library()
-        except RuntimeError as exc:
-            raise ModelLoadError(f"quantize='gguf' needs the GGUF block kernels: {exc}") from exc
-        return "gguf"
-    return "int8" if quantize == "int8" else "none"
 
 
 @dataclass
@@ -122,22 +57,19 @@ def load_model(
     source: str | os.PathLike[str] | None,
     *,
     role: str,
-    device: str | torch.device = "auto",
-    dtype: str | torch.dtype = "auto",
+    profile: DeviceProfile,
     cache_dir: Path,
     progress: bool = True,
-    quantize: str = "none",
 ) -> LoadedModel:
-    """Load ``source`` (see module docstring) for ``role`` ("target"/"draft") onto ``device``, to
-    be served in the ``quantize`` mode (a GGUF the block kernels serve is read from its file).
+    """Load ``source`` (see module docstring) for ``role`` ("target"/"draft") onto the profile's
+    device and dtype (a GGUF that the profile's block kernels serve is read from its file).
 
-    The weights stay as stored; ``ModelRunner`` prepares them for the device and quantization
-    mode (``linear_kernels``).
+    The weights stay as stored; ``ModelRunner`` prepares them for the profile's kernels
+    (``linear_kernels``).
     """
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+    dev, dt = profile.device, profile.dtype
     gguf, name = _gguf_file(source, role, Path(cache_dir), progress)
-    if gguf is not None and _served_from_file(gguf, quantize, dev, dt):
+    if gguf is not None and profile.kernels == "gguf" and can_read(gguf):
         with phase(logger, f"loading the {role} model {name} from {gguf} (its own blocks, from the file)"):
             try:
                 model, tokenizer = load_gguf_model(gguf)
@@ -173,15 +105,6 @@ def _gguf_file(source: str | os.PathLike[str] | None, role: str, cache_dir: Path
     if not path.is_file():
         raise ModelLoadError(f"GGUF file {path} does not exist")
     return path, path.stem
-
-
-def _served_from_file(gguf: Path, quantize: str, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the block kernels will serve ``gguf`` in this mode, so it needs no conversion."""
-    if quantize not in ("auto", "gguf") or device.type != "cpu" or dtype != torch.float32 or not can_read(gguf):
-        return False
-    from specdec_core.execution import gguf_kernels
-
-    return gguf_kernels.vectorized() if quantize == "auto" else gguf_kernels.available()
 
 
 def _resolve_source(source: str | os.PathLike[str] | None) -> tuple[Path, str]:
