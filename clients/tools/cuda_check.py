@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     device = "cpu" if args.tiny else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device (or --tiny)")
+    from specdec_core.execution.device_profile import DeviceProfile
     from specdec_core.loading.loader import load_model
 
     report: dict[str, Any] = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
@@ -262,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report), flush=True)
     with tempfile.TemporaryDirectory() as tmp, CaptureClock() as captures:
         paths = build_models(args.configs, args.models_dir or Path(tmp), device, args.tiny)
-        models = {role: load_model(str(path), role=role, device=device, dtype="bfloat16", cache_dir=Path(tmp),
+        models = {role: load_model(str(path), role=role, profile=DeviceProfile.decide(device, "bfloat16", "none"),
+                                   cache_dir=Path(tmp),
                                    progress=False) for role, path in paths.items()}
         rows = []
         for batch in (int(b) for b in args.batches.split(",")):

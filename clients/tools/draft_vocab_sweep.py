@@ -29,13 +29,13 @@ def main() -> None:
     p.add_argument("-k", type=int, default=3, help="drafts per step (fixed)")
     args = p.parse_args()
 
-    import torch
 
     from specdec_core import Engine, EngineConfig, SamplingParams
     from specdec_core.engine.config import default_cache_dir
+    from specdec_core.execution.device_profile import DeviceProfile
     from specdec_core.loading.loader import load_model
 
-    load = dict(device=torch.device("cpu"), dtype=torch.float32, cache_dir=default_cache_dir(), progress=False)
+    load = dict(profile=DeviceProfile.decide("cpu", "float32", "none"), cache_dir=default_cache_dir(), progress=False)
     target = load_model(args.model, role="target", **load)
     draft = load_model(args.draft_model, role="draft", **load)
     data = json.loads((Path(__file__).resolve().parents[1] / "prompts.json").read_text())

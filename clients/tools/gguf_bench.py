@@ -99,20 +99,23 @@ def step_bench(source: str | None, context: int, repeats: int, gbs: float,
 
     from specdec_core.engine.config import default_cache_dir
     from specdec_core.execution import gguf_kernels
+    from specdec_core.execution.device_profile import DeviceProfile
     from specdec_core.execution.gguf_linear import GGUFLinear
     from specdec_core.execution.kv_cache import blocks_for, region
     from specdec_core.execution.linear_kernels import RowInt8Linear
     from specdec_core.execution.model_runner import ForwardItem, ModelRunner
     from specdec_core.loading.loader import load_model
 
-    loaded = load_model(source, role="target", device="cpu", dtype="float32", cache_dir=default_cache_dir(), progress=True)
+    loaded = load_model(source, role="target", profile=DeviceProfile.decide("cpu", "float32", "none"),
+                        cache_dir=default_cache_dir(), progress=True)
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
     runners: dict[str, ModelRunner] = {}
     prepare_s: dict[str, float] = {}
     for mode in ("int8", "gguf"):
         t0 = time.perf_counter()
         runners[mode] = ModelRunner(loaded.model, num_blocks=16 * blocks_for(context + 8, 16),
-                                     block_size=16, max_len=context + 8, vocab_size=vocab, quantize=mode)
+                                     block_size=16, max_len=context + 8, vocab_size=vocab,
+                                     profile=DeviceProfile.of_model(loaded.model, mode))
         prepare_s[mode] = time.perf_counter() - t0
     prompt = [17 + (i % 500) for i in range(context)]
     for run in runners.values():

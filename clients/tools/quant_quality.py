@@ -39,12 +39,14 @@ def texts(tokenizer, per_kind: int) -> list[list[int]]:
 def compare(loaded, per_kind: int, continue_tokens: int, mode: str = "gguf") -> dict[str, float]:
     import torch
 
+    from specdec_core.execution.device_profile import DeviceProfile
     from specdec_core.execution.kv_cache import blocks_for, region
     from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
     runners = {m: ModelRunner(loaded.model, num_blocks=blocks_for(2048, 16),
-                               block_size=16, max_len=2048, vocab_size=vocab, quantize=m) for m in ("none", mode)}
+                               block_size=16, max_len=2048, vocab_size=vocab, profile=DeviceProfile.of_model(loaded.model, m))
+               for m in ("none", mode)}
     agree = kl = positions = 0.0
     for ids in texts(loaded.tokenizer, per_kind):
         seq = list(ids)
@@ -71,13 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     if repo_root not in sys.path:
         sys.path.append(repo_root)
     from specdec_core.engine.config import default_cache_dir
+    from specdec_core.execution.device_profile import DeviceProfile
     from specdec_core.loading.loader import load_model
 
     roles = {"target": args.model} if args.model else {"target": None, "draft": None}
     print(f"| model | positions | top-1 agreement {args.mode} vs fp32 | mean KL(fp32 ‖ {args.mode}), nats |")
     print("|---|---|---|---|")
     for role, source in roles.items():
-        loaded = load_model(source, role=role, device="cpu", dtype="float32", cache_dir=default_cache_dir(), progress=False)
+        loaded = load_model(source, role=role, profile=DeviceProfile.decide("cpu", "float32", "none"),
+                            cache_dir=default_cache_dir(), progress=False)
         r = compare(loaded, args.per_kind, args.continue_tokens, args.mode)
         print(f"| {loaded.name} | {r['positions']:.0f} | {r['top1_agreement']:.3f} | {r['kl_nats']:.4f} |", flush=True)
         del loaded

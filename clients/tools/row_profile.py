@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from specdec_core.engine.config import default_cache_dir
+    from specdec_core.execution.device_profile import DeviceProfile
     from specdec_core.execution.kv_cache import blocks_for, region
     from specdec_core.execution.model_runner import ForwardItem, ModelRunner
     from specdec_core.loading.loader import load_model
@@ -82,10 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
     span = args.context + max(rows) + 8
-    loaded = load_model(args.model, role="target", device="cpu", dtype="float32", cache_dir=default_cache_dir())
+    loaded = load_model(args.model, role="target", profile=DeviceProfile.decide("cpu", "float32", "none"),
+                        cache_dir=default_cache_dir())
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
     runner = ModelRunner(loaded.model, num_blocks=blocks_for(span, 16), block_size=16, max_len=span,
-                         vocab_size=vocab, quantize=args.quantize)
+                         vocab_size=vocab, profile=DeviceProfile.of_model(loaded.model, args.quantize))
     if runner.native is None:
         raise SystemExit(f"{loaded.name} does not run on the native path; nothing to split")
     blocks = region(0, span, 16)

@@ -71,12 +71,14 @@ def time_shapes(runner, shapes: dict[str, list], repeats: int, stat: str) -> dic
 
 
 def measure(loaded, quantize: str, context: int, repeats: int, stat: str) -> dict[str, float]:
+    from specdec_core.execution.device_profile import DeviceProfile
     from specdec_core.execution.kv_cache import blocks_for, region
     from specdec_core.execution.model_runner import ForwardItem, ModelRunner
 
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
     runner = ModelRunner(loaded.model, num_blocks=16 * blocks_for(context + 40, 16),
-                         block_size=16, max_len=context + 40, vocab_size=vocab, quantize=quantize)
+                         block_size=16, max_len=context + 40, vocab_size=vocab,
+                         profile=DeviceProfile.of_model(loaded.model, quantize))
 
     def item(slot: int, n: int) -> ForwardItem:
         return ForwardItem(region(slot, context + 40, 16), context, [17 + j for j in range(n)], n, num_drafts=n - 1)
@@ -99,17 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from specdec_core.engine.config import default_cache_dir
-    from specdec_core.loading.loader import load_model, resolve_device, resolve_dtype, resolve_quantize
+    from specdec_core.execution.device_profile import DeviceProfile
+    from specdec_core.loading.loader import load_model
 
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    modes = [resolve_quantize(m, device, dtype) for m in args.modes.split(",")]
+    device = DeviceProfile.decide(args.device, args.dtype, "none").device
+    modes = [DeviceProfile.decide(device, args.dtype, m).kernels for m in args.modes.split(",")]
     roles = {"target": args.model}
     if args.model is None or args.draft_model:
         roles["draft"] = args.draft_model
     table: dict[str, dict[str, dict[str, float]]] = {}
     for role, source in roles.items():
-        loaded = load_model(source, role=role, device=device, dtype=dtype, cache_dir=default_cache_dir(), progress=True)
+        loaded = load_model(source, role=role, profile=DeviceProfile.decide(device, args.dtype, "none"),
+                            cache_dir=default_cache_dir(), progress=True)
         for mode in modes:
             print(f"timing {role} {loaded.name} quantize={mode} ...", file=sys.stderr, flush=True)
             table[f"{role} {loaded.name} {mode}"] = measure(loaded, mode, args.context, args.repeats, args.stat)

@@ -160,6 +160,7 @@ def steady_step(target: Path, draft: Path, batch: int, k: int, temperature: floa
     from specdec_core.decoding.sampling_params import SamplingParams
     from specdec_core.engine.config import EngineConfig
     from specdec_core.engine.engine import Engine
+    from specdec_core.execution.device_profile import DeviceProfile
     from specdec_core.loading.loader import load_model
 
     config = EngineConfig(model=str(target), draft_model=str(draft), device="cpu", dtype="bfloat16", quantize="none",
@@ -167,7 +168,8 @@ def steady_step(target: Path, draft: Path, batch: int, k: int, temperature: floa
                           num_speculative_tokens=max(k, 1), adaptive_speculation=False, seed=0,
                           decode_graphs="on" if graphs else "off")
     def load(path: Path, role: str) -> Any:
-        return load_model(str(path), role=role, device="cpu", dtype="bfloat16", cache_dir=path.parent, progress=False)
+        return load_model(str(path), role=role, profile=DeviceProfile.decide("cpu", "bfloat16", "none"), cache_dir=path.parent,
+                          progress=False)
 
     engine = Engine.from_loaded(config, load(target, "target"), load(draft, "draft") if k else None)
     params = SamplingParams(max_tokens=64, temperature=temperature, ignore_eos=True, seed=1 if temperature else None)
