@@ -40,7 +40,8 @@ MAX_LIST_LIMIT = 100
 
 def not_found(response_id: str, param: str | None = None) -> APIError:
     shown = response_id if len(response_id) <= 80 else response_id[:77] + "..."
-    return APIError(404, f"No response with id '{shown}' is stored here (never stored, deleted, evicted or expired).",
+    where = f"'{param}': n" if param else "N"
+    return APIError(404, f"{where}o response with id '{shown}' is stored here (never stored, deleted, evicted or expired).",
                     param=param, code="response_not_found")
 
 
