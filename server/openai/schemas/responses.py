@@ -44,6 +44,9 @@ class ResponsesContentPart(Schema):
 
     type: str
     text: str
+    # what an answer's output_text carries, sent back as is by clients (the Agents SDK): no effect
+    annotations: list[Any] = []
+    logprobs: list[Any] = []
 
     @field_validator("type", mode="before")
     @classmethod
