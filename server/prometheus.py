@@ -171,7 +171,7 @@ class ServerMetrics:
         )
         r.register(EngineCollector(get_engine, get_model_name, get_admitted))
         # process_resident_memory_bytes and friends (Linux): memory growth is visible to scrapers
-        # and to clients/soak.py without access to the server's /proc.
+        # and to clients/tools/soak.py without access to the server's /proc.
         ProcessCollector(registry=r)
 
     def observe_tokens(self, gap_s: float, num_tokens: int) -> None:

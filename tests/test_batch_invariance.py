@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from conftest import TEST_BLOCK, load, region, slot_runner
+from specdec_core.execution.forward_plan import ForwardItem
 from specdec_core.execution.kv_cache import contiguous_base
 from specdec_core.execution.linear_kernels import prepare_linear
-from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+from specdec_core.execution.model_runner import ModelRunner
 
 MODES = ["none", "int8", "gguf"]
 FAMILIES = ["llama", "qwen2", "qwen3", "gemma3", "phi3"]

@@ -15,8 +15,8 @@ import torch
 
 from conftest import load, region, slot_runner
 from specdec_core.execution.decode_graphs import Bucket, batch_buckets, kv_bucket
+from specdec_core.execution.forward_plan import ForwardItem
 from specdec_core.execution.host_upload import HostUpload
-from specdec_core.execution.model_runner import ForwardItem
 
 MAX_LEN, K = 160, 4
 

@@ -25,9 +25,9 @@ import specdec_core.speculation.verifier as verifier_module
 from conftest import load, region, slot_runner
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.decoding.sampling import RowParams, sample, warp
+from specdec_core.execution.forward_plan import ForwardItem
 from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
 from specdec_core.execution.gguf_weights import ATTRIBUTE
-from specdec_core.execution.model_runner import ForwardItem
 from specdec_core.speculation.verifier import VerifyResult, verify
 
 VOCAB = 16

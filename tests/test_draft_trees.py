@@ -21,7 +21,8 @@ import torch
 import specdec_core.speculation.tree_verifier as tree_verifier
 from conftest import load, region, slot_runner
 from specdec_core import Engine, EngineConfig, SamplingParams
-from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+from specdec_core.execution.forward_plan import ForwardItem
+from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.speculation.draft_tree import DraftTree
 from specdec_core.speculation.suffix_trie import SuffixTrie
 from specdec_core.speculation.tree_verifier import verify_tree, verify_tree_greedy

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import load, region, slot_runner
-from specdec_core.execution.model_runner import ForwardItem
+from specdec_core.execution.forward_plan import ForwardItem
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ import torch
 
 from conftest import load, region, slot_runner
 from specdec_core.execution.device_profile import DeviceProfile
+from specdec_core.execution.forward_plan import ForwardItem
 from specdec_core.execution.gguf_file import read_gguf
-from specdec_core.execution.model_runner import ForwardItem
 from specdec_core.loading.loader import load_model
 
 PROMPT = "def quicksort(arr):\n    <|im_start|>  x"

@@ -26,9 +26,10 @@ from gguf import GGMLQuantizationType, quants
 
 from conftest import load, region, slot_runner
 from specdec_core.execution.device_profile import DeviceProfile
+from specdec_core.execution.forward_plan import ForwardItem
 from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
 from specdec_core.execution.gguf_weights import ATTRIBUTE, detach_block_weights, gguf_source, read_block_weights
-from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.loading.loader import convert_gguf
 from test_batch_invariance import MAX_LEN, NUM_DRAFTS, PROMPT_LEN, alone, others
 from test_gguf_blocks import blocks_for

@@ -161,7 +161,7 @@ def test_a_prompt_block_has_the_same_rows_however_the_prompt_is_chunked(tiny_tar
     import torch
 
     from conftest import TEST_BLOCK, region, slot_runner
-    from specdec_core.execution.model_runner import ForwardItem
+    from specdec_core.execution.forward_plan import ForwardItem
 
     model = load(tiny_target).model
     rng = random.Random(5)

@@ -356,7 +356,7 @@ def test_a_reduced_draft_head_proposes_only_its_tokens_and_stays_exact(pair):
     alone = Engine.from_loaded(EngineConfig(speculative_method="none", **base), target).generate(PROMPTS, GREEDY)
     eng = Engine.from_loaded(EngineConfig(speculative_method="draft", draft_vocab_size=2000, **base), target, draft)
     assert [c.token_ids for c in eng.generate(PROMPTS, GREEDY)] == [c.token_ids for c in alone]
-    from specdec_core.execution.model_runner import ForwardItem
+    from specdec_core.execution.forward_plan import ForwardItem
 
     logits = eng.draft_runner.forward([ForwardItem([0], 0, [1, 2, 3], 1)])[0]
     scored = torch.isfinite(logits).nonzero().flatten().tolist()

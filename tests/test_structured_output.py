@@ -24,7 +24,7 @@ from conftest import load, region, slot_runner
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.decoding.sampling import RowParams, warp
 from specdec_core.decoding.structured_output import StructuredOutput
-from specdec_core.execution.model_runner import ForwardItem
+from specdec_core.execution.forward_plan import ForwardItem
 from specdec_core.speculation.ngram import NgramProposer
 from test_distribution import SAMPLES, VOCAB, _build, biased_verify, chi_square_p
 

@@ -100,10 +100,11 @@ def step_bench(source: str | None, context: int, repeats: int, gbs: float,
     from specdec_core.engine.config import default_cache_dir
     from specdec_core.execution import gguf_kernels
     from specdec_core.execution.device_profile import DeviceProfile
+    from specdec_core.execution.forward_plan import ForwardItem
     from specdec_core.execution.gguf_linear import GGUFLinear
     from specdec_core.execution.kv_cache import blocks_for, region
     from specdec_core.execution.linear_kernels import RowInt8Linear
-    from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+    from specdec_core.execution.model_runner import ModelRunner
     from specdec_core.loading.loader import load_model
 
     loaded = load_model(source, role="target", profile=DeviceProfile.decide("cpu", "float32", "none"),

@@ -40,8 +40,9 @@ def compare(loaded, per_kind: int, continue_tokens: int, mode: str = "gguf") -> 
     import torch
 
     from specdec_core.execution.device_profile import DeviceProfile
+    from specdec_core.execution.forward_plan import ForwardItem
     from specdec_core.execution.kv_cache import blocks_for, region
-    from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+    from specdec_core.execution.model_runner import ModelRunner
 
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
     runners = {m: ModelRunner(loaded.model, num_blocks=blocks_for(2048, 16),

@@ -75,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from specdec_core.engine.config import default_cache_dir
     from specdec_core.execution.device_profile import DeviceProfile
+    from specdec_core.execution.forward_plan import ForwardItem
     from specdec_core.execution.kv_cache import blocks_for, region
-    from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+    from specdec_core.execution.model_runner import ModelRunner
     from specdec_core.loading.loader import load_model
 
     if args.threads:

@@ -72,8 +72,9 @@ def time_shapes(runner, shapes: dict[str, list], repeats: int, stat: str) -> dic
 
 def measure(loaded, quantize: str, context: int, repeats: int, stat: str) -> dict[str, float]:
     from specdec_core.execution.device_profile import DeviceProfile
+    from specdec_core.execution.forward_plan import ForwardItem
     from specdec_core.execution.kv_cache import blocks_for, region
-    from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+    from specdec_core.execution.model_runner import ModelRunner
 
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
     runner = ModelRunner(loaded.model, num_blocks=16 * blocks_for(context + 40, 16),

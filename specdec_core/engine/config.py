@@ -61,7 +61,7 @@ class EngineConfig:
         "most draft tokens verified per request and step, k (the speculation policy picks 0..k each step; "
         "requests may lower it)", group="models", minimum=0))
     # 32768: on the default pair, c=1, k=3, acceptance 0.601 -> 0.574 and draft time per step
-    # 61.3 -> 53.1 ms, +6% tokens/s (clients/draft_vocab_sweep.py); 16384 loses (acceptance 0.456).
+    # 61.3 -> 53.1 ms, +6% tokens/s (clients/tools/draft_vocab_sweep.py); 16384 loses (acceptance 0.456).
     draft_vocab_size: int = field(default=32768, metadata=_flag(
         "score only the N most frequent tokens in the draft model's head (lowest BPE ids plus special tokens; "
         "FR-Spec); cheaper drafts, still lossless, some acceptance lost; 0 = the whole vocabulary",

@@ -10,7 +10,7 @@ a request's draft catch-up or decoding can never touch another's rows.
 
 Granularity is the KV block (the scheduler builds this index with ``chunk`` = the block size):
 the forward computes a prompt block by block, each block's rows attending to the keys up to the
-block's end (``ModelRunner._segments``), so the rows of every *full* prompt block are exactly the
+block's end (``attention_plans.plan_segments``), so the rows of every *full* prompt block are exactly the
 rows a recompute would produce, bit for bit on the CPU, however either prompt was chunked, and a
 request that reuses them gets the logits it would get without the cache. (A partial block would
 not do: measured here, an attention call's rows change in the last bits with the rows computed

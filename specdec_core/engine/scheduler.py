@@ -12,7 +12,7 @@ pool holds at least one full-length request (checked at start-up), so every requ
 
 Prompts are cut at fixed offsets (0, C, 2C, ...) and a chunk is scheduled whole or not at all,
 so how much is prefilled per step never depends on what else is running. The forward computes a
-prompt block by block (``ModelRunner._segments``), so a full block's rows are the same however the
+prompt block by block (``attention_plans.plan_segments``), so a full block's rows are the same however the
 prompt was chunked: every full prompt block in the cache is reusable by a later request with the
 same prefix (``PrefixCache``): admission hands such a request the blocks that hold it, or a copy.
 Where every row attends on its own (``share_outputs``), so are the blocks of its output.

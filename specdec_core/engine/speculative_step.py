@@ -29,9 +29,10 @@ import torch
 
 from specdec_core.decoding.sampling import RowParams, TablePlan, processed_scores, stack_masks
 from specdec_core.engine.request import Request
+from specdec_core.execution.forward_plan import ForwardItem, ForwardPlan
 from specdec_core.execution.host_upload import HostUpload, Ref
 from specdec_core.execution.kv_cache import token_rows
-from specdec_core.execution.model_runner import ForwardItem, ForwardPlan, ModelRunner
+from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.speculation import verifier
 from specdec_core.speculation.acceptance import Source
 from specdec_core.speculation.draft_model import DraftModelProposer, DraftPlan

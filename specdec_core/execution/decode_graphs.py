@@ -112,7 +112,7 @@ class DecodeGraphs:
 
         Queries come in two sizes, 1 (decode, a draft position) and ``max_q`` (verification):
         the policy picks 0..k drafts per request and step, and a graph per k would be captured
-        while serving. Measured on an H100 (``clients/cuda_check.py``), the default target's
+        while serving. Measured on an H100 (``clients/tools/cuda_check.py``), the default target's
         forward costs the same for 1 to 5 tokens per request, so the padding is nearly free."""
         if q_max > self.max_q or groups > self.batches[-1]:
             return None

@@ -1,7 +1,8 @@
 """The C kernels that multiply activations by a GGUF file's own quantized blocks (``csrc/``).
 
 Why our own: torch has no fast low-bit CPU kernel on AVX2 (``_weight_int4pack_mm_for_cpu`` is
-compute-bound at ~7 GB/s, see the design notes, section 7), and the GGUF blocks are what the user
+compute-bound at ~7 GB/s on the AVX2 development machine, a fifth of its memory bandwidth),
+and the GGUF blocks are what the user
 downloaded. The kernel quantizes each activation row to 8 bits on its own, one scale per 32
 values (like ggml's Q8_0; ggml gives the K-quants one scale per 256 values, Q8_K, which on
 Qwen2.5-1.5B's outlier channels costs KL 0.15 nats against fp32 where per-32 costs 0.003: an

@@ -3,7 +3,7 @@
 The execution contract of specdec is that a token's logits do not depend on what else is in the
 forward pass. For a linear layer that means: every output row is computed by the same arithmetic,
 in the same order, whatever the number of rows in the call. Measured on this project's 2-core AVX2
-CPU (torch 2.13, ``clients/step_costs.py`` and the tests in ``tests/test_batch_invariance.py``):
+CPU (torch 2.13, ``clients/tools/step_costs.py`` and the tests in ``tests/test_batch_invariance.py``):
 
 - ``F.linear`` in fp32 re-packs the weight on every multi-row call (a 5-row call costs ~3.5x a
   1-row one) and a row's result differs (~1e-6) between 1 and 8 rows;
@@ -46,7 +46,7 @@ _ROW_ZERO_POINT = 128
 # 2 x 255 x 127 overflows, and the kernel then silently computes something else, and something
 # else again on a CPU with VNNI. With |q| <= 63 a pair is at most 2 x 255 x 63 = 32130 < 32767: the
 # kernel is exact integer arithmetic on every x86 CPU, so the int8 model is the same everywhere.
-# ``clients/quant_quality.py`` on this CPU, top-1 agreement with fp32 / KL, 8-bit -> 7-bit weights:
+# ``clients/tools/quant_quality.py`` on this CPU, top-1 agreement with fp32 / KL, 8-bit -> 7-bit weights:
 # SmolLM2-135M 0.807 / 0.222 -> 0.853 / 0.062; Qwen2.5-Coder-1.5B 0.961 / 0.106 -> 0.945 / 0.107;
 # 0.5B 0.948 / 0.020 -> 0.939 / 0.018. Taking the bit from the activations instead (7-bit, scale
 # 1/63) kept the kernel exact but cost far more on SmolLM2 (KL 0.21-0.31 on three prompts).

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec_core.execution.forward_plan import ForwardItem
 from specdec_core.execution.kv_cache import blocks_for, region
-from specdec_core.execution.model_runner import ForwardItem, ModelRunner
+from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.speculation.cost_table import CostTable
 from specdec_core.speculation.scheduled_request import ScheduledItems
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from specdec_core.decoding.sampling import TablePlan, apply, sample, stack_masks
+from specdec_core.execution.forward_plan import ForwardItem, ForwardPlan
 from specdec_core.execution.host_upload import HostUpload, Ref
-from specdec_core.execution.model_runner import ForwardItem, ForwardPlan, ModelRunner
+from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.speculation.scheduled_request import ScheduledItems, ScheduledRequest, SpeculatingRequest
 
 

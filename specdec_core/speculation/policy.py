@@ -168,7 +168,7 @@ class SpeculationPolicy:
         The draft model is probed only where its cache is current (``lag`` 0): a probe that
         first catches the cache up is one eager forward over every token
         since the draft last ran, measured on an H100 at 100-140 ms, 20-30 decode steps
-        (``clients/cuda_check.py``), which no single probed token repays. The lag is the
+        (``clients/tools/cuda_check.py``), which no single probed token repays. The lag is the
         request's own history, so a seeded request's k stays independent of the batch."""
         return (c.source == "draft" and c.lag == 0
                 and c.item.request.stats.verify_steps % PROBE_INTERVAL == PROBE_INTERVAL - 1

@@ -4,7 +4,7 @@
  * Why torch's team: torch's OpenMP workers spin for a while after every parallel op (libgomp's
  * default), so on a 2-core machine a pool of our own that starts right after a torch op shares
  * its cores with a spinning worker. Measured on the 2-core dev machine (2026-11-24, load < 1,
- * `clients/gguf_bench.py --threads 2`, the 1.5B): a one-token gguf step took 133 ms with our
+ * `clients/tools/gguf_bench.py --threads 2`, the 1.5B): a one-token gguf step took 133 ms with our
  * pool, 78 ms when torch's workers did not spin (GOMP_SPINCOUNT=0), int8 110-114 ms either way.
  * Running the parts on the team torch itself uses removes the contention without touching the
  * environment: the team is the calling thread's, the one every torch op of the step reuses.
