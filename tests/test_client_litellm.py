@@ -4,7 +4,8 @@ docs/using-with-clients.md says.
 LiteLLM is not in the test extra: it brings its own pins (1.106 required
 ``openai<3``, the proxy extra ~100 packages) that would change the environment every other test
 runs in. This module builds LiteLLM its own virtual environment instead (``litellm[proxy]`` from
-PyPI, 90-100 s on a busy 2-core machine with no pip cache) and runs the library calls there as a
+PyPI, installed by uv: seconds, where pip took 90-120 s to resolve and install its ~100 packages
+on a 2-core machine with no cache) and runs the library calls there as a
 subprocess (tests/litellm_calls.py); the proxy runs from that environment on a free loopback port
 and the suite's own OpenAI SDK talks to it. Every answer is compared with the same request sent to
 the server directly (temperature 0 on the shared tiny server: the same tokens), so a client that
@@ -32,7 +33,7 @@ import pytest
 from server_helpers import REPO_ROOT, ServerProcess, free_port, wait_until
 from test_tool_calls import SCHEMAS, TOOLS
 
-# Installs LiteLLM from PyPI (a minute or more): outside the quick `-m "not slow"` subset.
+# Installs LiteLLM from PyPI: outside the quick `-m "not slow"` subset.
 pytestmark = pytest.mark.slow
 
 # 1.106.2 was the first checked by hand; 1.108.8 to 1.110.2 (the newest, 2026-11-24) ask for proxy
@@ -57,9 +58,9 @@ def litellm_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return Path(given)
     venv = tmp_path_factory.mktemp("litellm") / "venv"
     started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "uv", "venv", "-q", "-p", sys.executable, str(venv)], check=True)
     python = venv / "bin" / "python"
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", LITELLM_REQUIREMENT],
+    install = subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "-p", str(python), LITELLM_REQUIREMENT],
                              capture_output=True, text=True)
     assert install.returncode == 0, f"pip install {LITELLM_REQUIREMENT} failed:\n{install.stdout[-3000:]}{install.stderr[-3000:]}"
     print(f"LiteLLM environment built in {time.monotonic() - started:.0f} s")
