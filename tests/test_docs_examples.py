@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from functools import cache
 from importlib.metadata import packages_distributions
 from importlib.util import find_spec
 from pathlib import Path
@@ -101,6 +102,7 @@ def module_file(name: str, search: list[Path]) -> Path | None:
     return None
 
 
+@cache
 def script_closure(script: Path) -> tuple[set[str], list[Path]]:
     """Third-party top-level modules a script imports, and the project files it reads, following its
     imports of the clients' own modules (run as ``python clients/.../X.py``, its folder is on sys.path)."""
@@ -139,10 +141,17 @@ def script_closure(script: Path) -> tuple[set[str], list[Path]]:
     return third_party, files
 
 
+@cache
+def _module_distributions() -> dict[str, list[str]]:
+    """Every installed distribution's top-level modules: read once (it walks every package's
+    metadata, ~1 s here), not once per module of every script of every page."""
+    return packages_distributions()
+
+
 def providers(module: str) -> set[str]:
     """Distributions that provide a top-level module: from this environment, else the module's own
     name (the bench extra is not installed by the test command)."""
-    found = {canonicalize_name(d) for d in packages_distributions().get(module, [])}
+    found = {canonicalize_name(d) for d in _module_distributions().get(module, [])}
     return found or {canonicalize_name(module)}
 
 
