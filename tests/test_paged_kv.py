@@ -3,12 +3,15 @@ request fails: a request that cannot get blocks preempts a younger one, which is
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from conftest import load, logprob_values, run_to_end
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.engine.kv_sizing import parse_size
-from specdec_core.execution.kv_cache import BlockPool, contiguous_base, token_rows
+from specdec_core.execution.block_pool import BlockPool
+from specdec_core.execution.kv_cache import contiguous_base, token_rows
 
 # The tiny pair: target 2 layers + draft 1 layer, 2 KV heads of 16 dims, fp32.
 BYTES_PER_TOKEN = (2 + 1) * 2 * 2 * 16 * 4
@@ -37,6 +40,47 @@ def test_block_tables_address_rows_in_runs():
     pool.free(a)
     with pytest.raises(RuntimeError, match="twice"):
         pool.free(a[:1])
+
+
+def _scan_run_start(free: set[int], num_blocks: int) -> int:
+    """The allocator's rule by a scan over every block: the longest free run (the lowest of equals),
+    its middle when a used block ends just before it."""
+    best_len, best_start, start, length = 0, -1, -1, 0
+    for b in range(num_blocks + 1):
+        if b < num_blocks and b in free:
+            start, length = (b, 1) if length == 0 else (start, length + 1)
+            continue
+        if length > best_len:
+            best_len, best_start = length, start
+        length = 0
+    return best_start + best_len // 2 if best_start > 0 and best_len > 1 else best_start
+
+
+def test_the_indexed_pool_hands_out_what_a_scan_of_every_block_would():
+    """Random allocations, growth, prefix takes and frees against a set and a full scan."""
+    rng = random.Random(0)
+    pool, free, tables = BlockPool(97), set(range(97)), []
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.4 and free:
+            expected = _scan_run_start(free, 97)
+            table = pool.allocate(1)
+            assert table == [expected]
+            tables.append(table)
+        elif op < 0.6 and tables and free:
+            table = rng.choice(tables)
+            grown = pool.allocate(1, after=table[-1])
+            assert grown == [table[-1] + 1] if table[-1] + 1 in free else grown == [_scan_run_start(free, 97)]
+            table += grown
+        elif op < 0.7 and free:
+            block = rng.choice(sorted(free))
+            pool.take([block])
+            tables.append([block])
+        elif tables:
+            pool.free(tables.pop(rng.randrange(len(tables))))
+        free = set(range(97)) - {b for t in tables for b in t}
+        assert pool.num_free == len(free) and all(pool.is_free(b) == (b in free) for b in range(97))
+    assert len(pool._longest) <= 2 * len(pool._starts) + 65  # stale heap entries stay bounded
 
 
 def test_sizes_parse():

@@ -39,9 +39,9 @@ from specdec_core.engine.speculative_step import SpeculativeStep, StepOutcome
 from specdec_core.engine.startup_costs import step_costs
 from specdec_core.engine.stats import EngineMetrics
 from specdec_core.engine.step_plan import ScheduledRequest, ScheduledStep
+from specdec_core.execution.block_pool import BlockPool
 from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.hf_types import HFModule
-from specdec_core.execution.kv_cache import BlockPool
 from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.loading.draft_vocab import frequent_token_ids
 from specdec_core.loading.progress_log import phase

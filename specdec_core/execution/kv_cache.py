@@ -9,7 +9,7 @@ overwritten. The target's and the draft's pools have the same number of blocks a
 uses the same table in both (position p is in the same block of each).
 
 Attention reads a request's keys as one run of rows. Where its table is one run of consecutive
-blocks (the allocator tries hard: see ``BlockPool``) that is a free slice; otherwise the rows are
+blocks (the allocator tries hard: see ``block_pool``) that is a free slice; otherwise the rows are
 gathered, once per request and layer. Either way the attention call sees the same values in the
 same shapes, so a row's result does not depend on where its blocks are (checked bit for bit).
 """
@@ -17,7 +17,6 @@ same shapes, so a row's result does not depend on where its blocks are (checked 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -86,73 +85,6 @@ def kv_bytes_per_token(model: HFModule) -> int:
     kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     itemsize = next(model.parameters()).element_size()
     return 2 * cfg.num_hidden_layers * kv_heads * head_dim * itemsize
-
-
-class BlockPool:
-    """Which blocks are free, and which to hand out next (one owner: the scheduler).
-
-    A request's keys are read as a slice when its blocks are consecutive, and gathered (a copy per
-    layer and step) when not, so the allocator keeps tables in runs: a request grows into the
-    block after its last one when that is free, and a new run starts where it leaves the most room
-    (the middle of the longest free run when a request's run ends just before it, so that one
-    can still grow). Among equals, the least recently freed block goes first: a freed block still
-    holds its request's prompt (``PrefixCache``), and the longer it is unused the less likely that
-    is wanted."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self.num_blocks = num_blocks
-        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    @property
-    def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
-
-    def is_free(self, block: int) -> bool:
-        return block in self._free
-
-    def allocate(self, count: int, after: int | None = None) -> list[int]:
-        """``count`` free blocks, continuing the run that ends at block ``after`` where possible."""
-        if count > len(self._free):
-            raise RuntimeError(f"{count} blocks asked of a pool with {len(self._free)} free")
-        out: list[int] = []
-        for _ in range(count):
-            block = after + 1 if after is not None and after + 1 in self._free else self._run_start()
-            del self._free[block]
-            out.append(block)
-            after = block
-        return out
-
-    def take(self, blocks: Sequence[int]) -> None:
-        """Hand out these free blocks (a cached prefix reused where it lies)."""
-        for b in blocks:
-            del self._free[b]
-
-    def free(self, blocks: Sequence[int]) -> None:
-        for b in blocks:
-            if b in self._free:
-                raise RuntimeError(f"block {b} freed twice")
-            self._free[b] = None
-
-    def _run_start(self) -> int:
-        """Where a new run of blocks should start (see the class docstring)."""
-        best_len, best_start, best_after_used = 0, -1, False
-        start, length = -1, 0
-        for b in range(self.num_blocks + 1):
-            if b < self.num_blocks and b in self._free:
-                if length == 0:
-                    start = b
-                length += 1
-                continue
-            if length > best_len:
-                best_len, best_start, best_after_used = length, start, start > 0
-            length = 0
-        if best_start < 0:
-            raise RuntimeError("no free block")
-        return best_start + best_len // 2 if best_after_used and best_len > 1 else best_start
 
 
 class PagedKVCache(Cache):
