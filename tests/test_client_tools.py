@@ -25,8 +25,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p for folder in ("examples", "tools") for p in (ROOT / "clients" / folder).glob("*.py"))
 IDS = [str(p.relative_to(ROOT / "clients")) for p in SCRIPTS]
-# Run as scripts: those with a ``__main__`` block (sdk_report is the examples' shared module, and
-# locust loads the locustfile itself).
+# Run as scripts: those with a ``__main__`` block (sdk_report is the examples' shared module,
+# soak_report the soak's, and locust loads the locustfile itself).
 RUNNABLE = [p for p in SCRIPTS if 'if __name__ == "__main__":' in p.read_text()]
 PROJECT = ("specdec_core", "server", "clients")
 
@@ -46,7 +46,7 @@ def help_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, subproc
 
 
 def test_every_script_is_runnable_or_a_known_module() -> None:
-    assert {p.name for p in SCRIPTS} - {p.name for p in RUNNABLE} == {"sdk_report.py", "locustfile.py"}
+    assert {p.name for p in SCRIPTS} - {p.name for p in RUNNABLE} == {"sdk_report.py", "soak_report.py", "locustfile.py"}
 
 
 @pytest.mark.parametrize("script", RUNNABLE, ids=[str(p.relative_to(ROOT / "clients")) for p in RUNNABLE])

@@ -1,5 +1,5 @@
 """The speculation policy: how many drafts each request gets, from measured costs and its own
-acceptance; the n-gram index behind the 'ngram' and 'auto' proposers; and 'auto' staying exact."""
+acceptance; and 'auto' staying exact."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from specdec_core.speculation.acceptance import expected_tokens
 from specdec_core.speculation.cost_model import StepCostModel
 from specdec_core.speculation.cost_table import CostTable
 from specdec_core.speculation.draft_tree import DraftTree
-from specdec_core.speculation.ngram_index import NgramIndex
 from specdec_core.speculation.policy import PROBE_INTERVAL, SpeculationPolicy
 from specdec_core.speculation.scheduled_request import ScheduledRequest
 
@@ -48,28 +47,6 @@ class ShortLookup(RepeatLookup):
 
     def lookup(self, req: Request, k: int) -> list[int]:
         return [self.token] * min(k, self.found)
-
-
-def brute_force_lookup(ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """The definition: the most recent earlier occurrence of the longest suffix that has one."""
-    for n in range(min(max_n, len(ids) - 1), min_n - 1, -1):
-        suffix = ids[len(ids) - n:]
-        for start in range(len(ids) - n - 1, -1, -1):
-            if ids[start:start + n] == suffix:
-                return ids[start + n:start + n + k]
-    return []
-
-
-@pytest.mark.parametrize("min_n,max_n", [(1, 4), (2, 3), (3, 3)])
-def test_ngram_index_matches_the_definition_as_text_grows(min_n, max_n):
-    rng = random.Random(min_n * 10 + max_n)
-    for _ in range(20):
-        ids = [rng.randrange(6) for _ in range(rng.randrange(1, 12))]
-        index = NgramIndex(min_n, max_n)
-        for _ in range(30):
-            k = rng.randrange(0, 6)
-            assert index.lookup(ids, k) == brute_force_lookup(ids, k, min_n, max_n)[:k]
-            ids += [rng.randrange(6) for _ in range(rng.randrange(1, 4))]
 
 
 def request(alpha: float, *, seed: int | None = None, temperature: float = 0.0, k: int = 4,
@@ -403,11 +380,7 @@ def test_the_draft_model_does_not_start_while_a_prompt_is_prefilled():
     request whose draft cache is current keeps drafting beside a prompt."""
     prefilling = request(0.9)
     prefilling.output_ids, prefilling.all_ids, prefilling.num_computed = [], prefilling.all_ids[:2], 0
-
-    def prompt() -> ScheduledRequest:
-        """A fresh item for each plan: the whole prompt, which the step completes."""
-        return ScheduledRequest(prefilling, 2)
-
+    prompt = lambda: ScheduledRequest(prefilling, 2)  # noqa: E731 - a fresh item (the whole prompt) per plan
     assert prompt().completes and prefilling.in_prefill
 
     def drafted(method: str, items: list[ScheduledRequest], adaptive: bool = True, lookups=None):  # type: ignore[no-untyped-def]
