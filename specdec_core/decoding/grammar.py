@@ -17,6 +17,7 @@ before the commit (``GrammarState.commit``).
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -29,6 +30,26 @@ from specdec_core.decoding.structured_output import StructuredOutput
 # unbounded: a model that likes newlines must not fill its budget with them.
 JSON_OPTIONS: Any = {"whitespace_pattern": r"[ \t\n]{0,32}"}  # llguidance.JsonCompileOptions (a TypedDict)
 CACHE_SIZE = 64
+# llguidance's view of a tokenizer, per (tokenizer object, vocabulary size, EOS): engines built over
+# the same loaded tokenizer (tests, an engine rebuilt in one process) share it instead of rebuilding
+# it (~1 s for 49k tokens). The weak reference keeps a recycled ``id`` from matching a new tokenizer.
+_LL_TOKENIZERS: dict[tuple[int, int, int], tuple[weakref.ref, Any]] = {}
+_LL_LOCK = threading.Lock()
+
+
+def _ll_tokenizer(hf_tokenizer: Any, n_vocab: int, eos: int) -> Any:
+    import llguidance.hf
+
+    key = (id(hf_tokenizer), n_vocab, eos)
+    with _LL_LOCK:
+        for stale in [k for k, (ref, _) in _LL_TOKENIZERS.items() if ref() is None]:
+            del _LL_TOKENIZERS[stale]
+        entry = _LL_TOKENIZERS.get(key)
+        if entry is not None and entry[0]() is hf_tokenizer:
+            return entry[1]
+        built = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=n_vocab, eos_token=eos)
+        _LL_TOKENIZERS[key] = (weakref.ref(hf_tokenizer), built)
+        return built
 
 
 class GrammarCompiler:
@@ -59,15 +80,12 @@ class GrammarCompiler:
             self._tokenizer()
 
     def _tokenizer(self) -> Any:
-        import llguidance.hf
-
         with self._lock:
             if self._ll_tokenizer is None:
                 eos = getattr(self.hf_tokenizer, "eos_token_id", None)
                 if eos not in self.eos_ids:
                     eos = self.eos_ids[0]
-                self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                    self.hf_tokenizer, n_vocab=self.ll_vocab_size, eos_token=eos)
+                self._ll_tokenizer = _ll_tokenizer(self.hf_tokenizer, self.ll_vocab_size, eos)
             return self._ll_tokenizer
 
     @property
