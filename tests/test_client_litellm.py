@@ -60,8 +60,9 @@ def litellm_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     started = time.monotonic()
     subprocess.run([sys.executable, "-m", "uv", "venv", "-q", "-p", sys.executable, str(venv)], check=True)
     python = venv / "bin" / "python"
-    install = subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "-p", str(python), LITELLM_REQUIREMENT],
-                             capture_output=True, text=True)
+    # --system-certs: the platform's CA store, as pip uses it (uv's own bundle fails behind a TLS proxy)
+    install = subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "--system-certs", "-p", str(python),
+                              LITELLM_REQUIREMENT], capture_output=True, text=True)
     assert install.returncode == 0, f"pip install {LITELLM_REQUIREMENT} failed:\n{install.stdout[-3000:]}{install.stderr[-3000:]}"
     print(f"LiteLLM environment built in {time.monotonic() - started:.0f} s")
     return python
