@@ -18,7 +18,7 @@ With ``--graphs`` the forwards run in the bucketed shapes CUDA captures as graph
 (``execution/decode_graphs.py``); the ops inside a captured body are not counted, each run of a
 body counts as one launch (a graph replay), so the table is what a step launches on CUDA.
 
-``tests/test_step_budget.py`` holds these counts as budgets, so a change that adds launches or
+``tests/engine/test_step_budget.py`` holds these counts as budgets, so a change that adds launches or
 round trips per step fails there.
 """
 

@@ -1,7 +1,7 @@
 """``GET /openapi.json``: an OpenAPI 3.1 document whose request bodies are the schemas' JSON schemas.
 
 Generated from ``server.openai.schemas`` (never written by hand) so it cannot drift from what the server
-validates; client generators and schema fuzzers (see tests/test_server_schema_fuzz.py) read it.
+validates; client generators and schema fuzzers (see tests/server/test_server_schema_fuzz.py) read it.
 Responses are described only as far as clients rely on them: the OpenAI error object (and on
 ``/v1/messages`` Anthropic's).
 """

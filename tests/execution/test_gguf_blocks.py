@@ -1,0 +1,250 @@
+"""The GGUF block kernels (``specdec_core/execution/csrc``, ``gguf_linear``) against the ``gguf`` package.
+
+1. the product equals, within float32 accumulation rounding, the exact (float64) product of the
+   ``gguf`` package's own dequantization of the blocks and the activations quantized per row to
+   8 bits (one scale per 32 values);
+2. a row's result is bit-identical (``torch.equal``) alone, in 5 or 16 rows, on 1 or 2 threads;
+3. the fused layer (mixed formats, one output) equals its parts, and a row subset its rows;
+4. ``--quantize gguf`` on a float weight makes ggml's own Q8_0 blocks at load (per-row int8 where
+   a row is not a multiple of 32).
+
+Every format runs on both the AVX2 kernels (where the CPU has them) and the portable ones.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from specdec_core.execution import gguf_kernels
+from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
+from specdec_core.execution.linear_kernels import RowInt8Linear, prepare_linear
+from specdec_core.execution.q8_0_blocks import quantize_q8_0
+from tests.helpers.gguf_blocks import blocks_for
+
+T = GGMLQuantizationType
+FORMATS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+IMPLS = ["portable", "native"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _kernels():
+    gguf_kernels.library()
+    yield
+    gguf_kernels.use_portable_kernels(False)
+
+
+def quantize_rows(x: np.ndarray, block: int) -> np.ndarray:
+    """The activations as the kernel sees them: per row and block of ``block`` values, scale
+    max|x| / 127, values rounded half to even; returned dequantized, in float64."""
+    v = x.astype(np.float32).reshape(x.shape[0], -1, block)
+    amax = np.abs(v).max(axis=-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(v * inv), -127, 127)
+    return (q.astype(np.float64) * (amax / np.float32(127.0)).astype(np.float64)).reshape(x.shape)
+
+
+def activations(rows: int, cols: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=gen)
+    x[1 % rows] *= 40.0  # an outlier row: must not change the others
+    if rows > 2:
+        x[2] = 0.0  # an all-zero row (scale 0)
+    return x
+
+
+def run(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tensor, threads: int = 2) -> torch.Tensor:
+    out = torch.empty(x.shape[0], blocks.shape[0])
+    gguf_kernels.gemm(int(qtype), torch.from_numpy(np.ascontiguousarray(blocks)), x, out, threads)
+    return out
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+def test_kernel_equals_dequantized_product(qtype, impl):
+    gguf_kernels.use_portable_kernels(impl == "portable")
+    n, k = 40, 768
+    blocks = blocks_for(qtype, n, k, seed=int(qtype))
+    x = activations(6, k, seed=1)
+    weight = quants.dequantize(blocks, qtype).astype(np.float64)
+    want = quantize_rows(x.numpy(), 32) @ weight.T
+    got = run(qtype, blocks, x).double().numpy()
+    # float32 accumulation of exact integer block sums: relative to the row's sum of |terms|
+    scale = np.abs(quantize_rows(x.numpy(), 32)) @ np.abs(weight).T
+    assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-30), np.abs(got - want).max()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+def test_rows_bit_identical_alone_and_batched(qtype, impl):
+    gguf_kernels.use_portable_kernels(impl == "portable")
+    n, k = 37, 512
+    blocks = blocks_for(qtype, n, k, seed=7)
+    x = activations(16, k, seed=2)
+    full = run(qtype, blocks, x)
+    assert torch.equal(run(qtype, blocks, x, threads=1), full)
+    for m in (1, 5):
+        for start in range(0, 16 - m + 1, 3):
+            assert torch.equal(run(qtype, blocks, x[start:start + m]), full[start:start + m]), (m, start)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
+def test_every_row_count_gives_each_row_the_bits_it_gets_alone(qtype, impl):
+    """The layer as the runner builds it (repacked where the active kernels repack): each row of
+    an M-row call, M in 1..17 (tiles of several rows plus a remainder), equals that row alone,
+    on 1 and 2 threads; 37 outputs leave a partial last group of 8 columns."""
+    gguf_kernels.use_portable_kernels(impl == "portable")
+    n, k = 37, 512
+    layer = GGUFLinear([BlockWeight(int(qtype), torch.from_numpy(blocks_for(qtype, n, k, seed=11)), k)], None)
+    x = activations(17, k, seed=12)
+    alone = torch.cat([layer(x[r:r + 1]) for r in range(17)])
+    for m in (2, 3, 5, 8, 16, 17):
+        for start in sorted({0, 17 - m}):
+            assert torch.equal(layer(x[start:start + m]), alone[start:start + m]), (m, start)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(layer(x), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_torchs_openmp_team_and_our_own_pool_compute_the_same_bits():
+    """The kernels run on the OpenMP team torch uses (found among the loaded libraries: torch
+    loads one here), or on a pool of ours; with 1-3 threads and either pool, every output is the
+    same bits (each part computes the same outputs with the same code)."""
+    assert gguf_kernels.thread_pool() == "openmp"
+    n, k = 45, 512
+    blocks = torch.from_numpy(blocks_for(T.Q4_K, n, k, seed=5))
+    x = activations(7, k, seed=6)
+    reference = torch.empty(7, n)
+    gguf_kernels.gemm(int(T.Q4_K), blocks, x, reference, threads=1)
+    try:
+        for own in (False, True):
+            assert gguf_kernels.thread_pool(own=own) == ("own" if own else "openmp")
+            for threads in (2, 3):
+                out = torch.empty(7, n)
+                gguf_kernels.gemm(int(T.Q4_K), blocks, x, out, threads=threads)
+                assert torch.equal(out, reference), (own, threads)
+    finally:
+        gguf_kernels.thread_pool(own=False)
+
+
+def run_repacked(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tensor, threads: int = 2) -> torch.Tensor:
+    packed = gguf_kernels.repack(int(qtype), torch.from_numpy(np.ascontiguousarray(blocks)), x.shape[1])
+    assert packed is not None
+    out = torch.empty(x.shape[0], blocks.shape[0])
+    gguf_kernels.gemm(packed[0], packed[1], x, out, threads)
+    return out
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0], ids=lambda t: t.name)
+def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype):
+    """Formats repacked 8 output rows at a time (AVX2 only): same checks as the file's layout, with
+    a last group of 5 rows (37 = 4 x 8 + 5)."""
+    if gguf_kernels.use_portable_kernels(False) != "avx2":
+        pytest.skip("the repacked layout is used with the AVX2 kernels only")
+    n, k = 37, 768
+    blocks = blocks_for(qtype, n, k, seed=9)
+    x = activations(16, k, seed=4)
+    weight = quants.dequantize(blocks, qtype).astype(np.float64)
+    xq = quantize_rows(x.numpy(), 32)
+    full = run_repacked(qtype, blocks, x)
+    assert np.all(np.abs(full.double().numpy() - xq @ weight.T) <= 1e-5 * (np.abs(xq) @ np.abs(weight).T) + 1e-30)
+    assert torch.equal(run_repacked(qtype, blocks, x, threads=1), full)
+    for m in (1, 5, 7):
+        for start in range(0, 16 - m + 1, 3):
+            assert torch.equal(run_repacked(qtype, blocks, x[start:start + m]), full[start:start + m]), (m, start)
+    gguf_kernels.use_portable_kernels(True)  # a repacked weight is refused by the portable kernels
+    with pytest.raises(ValueError):
+        gguf_kernels.gemm(int(T.Q4_K) | 0x100, torch.zeros(1184, dtype=torch.uint8), x[:1], torch.empty(1, 8))
+    assert gguf_kernels.repack(int(qtype), torch.from_numpy(blocks), k) is None
+    gguf_kernels.use_portable_kernels(False)
+
+
+@pytest.mark.parametrize("k_quant", [True, False], ids=["act_k", "act_32"])
+def test_avx2_and_portable_activation_quantizers_make_the_same_bytes(k_quant):
+    """Every GEMM quantizes its rows first; the AVX2 quantizer must be the portable one, bit for
+    bit, also on the edges: ties at .5, all-zero blocks, an outlier, NaN and inf, subnormal and
+    near-overflow scales."""
+    if gguf_kernels.use_portable_kernels(False) != "avx2":
+        pytest.skip("no AVX2 quantizer on this CPU")
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(9, 1024, generator=gen) * torch.logspace(-38, 38, 9).unsqueeze(1).clamp(max=3e38)
+    x[2] = 0.0
+    x[3, :64] = (torch.arange(64) - 32) * 0.5  # halves: rounding ties, both signs
+    x[4, 7] = 1e4  # an outlier squeezes its block's other values towards 0
+    x[5, [40, 63, 92, 127]] = float("nan")  # also in a block's last 8, where a max with its operands swapped keeps NaN
+    x[5, 300] = float("inf")
+    x[6, 500] = -float("inf")
+    x[7] = torch.randn(1024, generator=gen) * 1e-42  # subnormal
+    portable = (gguf_kernels.use_portable_kernels(True), gguf_kernels.quantize_activations(x, k_quant))[1]
+    native = (gguf_kernels.use_portable_kernels(False), gguf_kernels.quantize_activations(x, k_quant))[1]
+    assert torch.equal(native, portable), (native != portable).nonzero()[:5].tolist()
+
+
+def test_native_kernels_selected_on_this_cpu():
+    """Documents which implementation the other tests exercised as "native"."""
+    active = gguf_kernels.use_portable_kernels(False)
+    assert active in ("avx2", "scalar")
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        assert active == "avx2"
+
+
+def test_fused_mixed_formats_equal_parts_and_row_subset():
+    gguf_kernels.use_portable_kernels(False)
+    k = 512
+    q = BlockWeight(int(T.Q4_K), torch.from_numpy(blocks_for(T.Q4_K, 24, k, 3)), k)
+    kk = BlockWeight(int(T.Q4_K), torch.from_numpy(blocks_for(T.Q4_K, 8, k, 4)), k)
+    v = BlockWeight(int(T.Q6_K), torch.from_numpy(blocks_for(T.Q6_K, 8, k, 5)), k)
+    bias = torch.randn(40)
+    fused = GGUFLinear([q, kk, v], bias)
+    assert fused.formats == ["Q4_K", "Q6_K"]  # same-format neighbours merged
+    x = activations(5, k, seed=6).reshape(1, 5, k)
+    got = fused(x)
+    assert got.shape == (1, 5, 40)
+    parts = [GGUFLinear([w], None)(x) for w in (q, kk, v)]
+    assert torch.equal(got, torch.cat(parts, dim=-1) + bias)
+    rows = [3, 30, 0, 17]
+    sub = GGUFLinear([q.rows(rows[:1] + rows[2:]), v.rows([0])], None)(x)
+    assert torch.equal(sub[..., 0], parts[0][..., 3]) and torch.equal(sub[..., 3], parts[2][..., 0])
+
+
+def test_float_weights_get_ggmls_q8_0_blocks_at_load():
+    gen = torch.Generator().manual_seed(8)
+    weight = torch.randn(300, 320, generator=gen)  # 300 rows: the quantizer's row chunks do not divide it
+    weight[5, 32:64] = 0.0  # an all-zero block (scale 0)
+    weight[7, :32] = torch.arange(32) * 0.5 - 8  # ties: ggml rounds half away from zero
+    blocks = quantize_q8_0(weight)
+    assert blocks.ggml_type == int(T.Q8_0)
+    assert np.array_equal(blocks.blocks.numpy(), quants.quantize(weight.numpy(), T.Q8_0))
+    bias = torch.randn(300, generator=gen)
+    layer = prepare_linear(weight, bias, "gguf")
+    assert isinstance(layer, GGUFLinear) and layer.formats == ["Q8_0"]
+    x = activations(5, 320, seed=9)
+    assert torch.equal(layer(x), GGUFLinear([blocks], bias)(x))
+    assert all(torch.equal(layer(x[i:i + 1]), layer(x)[i:i + 1]) for i in range(5))
+    assert isinstance(prepare_linear(torch.randn(8, 48), None, "gguf"), RowInt8Linear)  # 48: no Q8_0 row
+
+
+def test_unsupported_format_or_length_refused():
+    k = 96  # not a multiple of 256: no K-quant row of this length exists
+    with pytest.raises(ValueError):
+        GGUFLinear([BlockWeight(int(T.Q4_K), torch.zeros(4, 54, dtype=torch.uint8), k)], None)
+    with pytest.raises(ValueError):
+        GGUFLinear([BlockWeight(int(T.Q2_K), torch.zeros(4, 84, dtype=torch.uint8), 256)], None)
+
+
+def test_the_extension_built_at_install_is_the_sources_the_module_would_compile():
+    """setup.py and ``gguf_kernels`` each read csrc/'s file list (setup.py cannot import torch):
+    a library built at install from other files or in another order would report another hash,
+    and every start would compile the kernels afresh into the cache instead of loading it."""
+    installed = gguf_kernels._installed_extension()
+    if installed is None:
+        pytest.skip("the optional extension was not built at install (no C compiler then)")
+    assert gguf_kernels._built_from(ctypes.CDLL(str(installed))) == gguf_kernels.sources_hash()

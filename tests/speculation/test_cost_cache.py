@@ -1,0 +1,253 @@
+"""Step costs cached between starts: a second start with the same configuration loads them (and
+says so), another configuration measures its own, real steps correct the live tables, and the
+first calibration keeps to its budget. Nothing here depends on how fast the machine is."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from specdec_core import Engine, EngineConfig, SamplingParams
+from specdec_core.speculation.cost_cache import CostCache
+from specdec_core.speculation.cost_model import StepCostModel, calibrate
+from specdec_core.speculation.cost_table import SHAPE_BOUND, CostTable, non_decreasing
+from tests.helpers.models import load
+from tests.helpers.runners import slot_runner
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_target, tiny_draft):
+    return load(tiny_target), load(tiny_draft, role="draft")
+
+
+def start(pair, cache_dir: Path, caplog: pytest.LogCaptureFixture, **kw) -> tuple[Engine, str]:
+    """An engine with adaptive speculation (so it needs step costs) and what it logged about them."""
+    caplog.clear()
+    cfg = EngineConfig(speculative_method="draft", num_speculative_tokens=2, seed=0, quantize=kw.pop("quantize", "none"),
+                       max_num_seqs=kw.pop("max_num_seqs", 2), max_model_len=160, cache_dir=cache_dir, **kw)
+    with caplog.at_level(logging.INFO, logger="specdec"):
+        eng = Engine.from_loaded(cfg, *pair)
+    return eng, caplog.text
+
+
+def test_a_second_start_loads_the_costs_the_first_measured(pair, tmp_path: Path, caplog) -> None:
+    first, logged = start(pair, tmp_path, caplog)
+    assert "step costs measured (no cache for this configuration)" in logged
+    assert first.cost_cache is not None and first.cost_cache.path.is_file()
+    assert first.cost_cache.path.parent == tmp_path / "step-costs"
+    second, logged = start(pair, tmp_path, caplog)
+    assert "step costs loaded from the cache" in logged and "step costs measured" not in logged
+    assert second.costs.target_table == first.costs.live_target
+    assert second.costs.draft_table == first.costs.live_draft
+
+
+def test_another_configuration_measures_its_own(pair, tmp_path: Path, caplog) -> None:
+    first, _ = start(pair, tmp_path, caplog)
+    other, logged = start(pair, tmp_path, caplog, max_num_seqs=3)
+    assert "step costs measured" in logged and "loaded from the cache" not in logged
+    assert other.cost_cache is not None and first.cost_cache is not None
+    assert other.cost_cache.path != first.cost_cache.path
+    assert sorted(p.name for p in (tmp_path / "step-costs").iterdir()) == sorted(
+        [first.cost_cache.path.name, other.cost_cache.path.name])
+
+
+@pytest.mark.parametrize("quantize", ["gguf", "int8"])
+def test_costs_belong_to_the_kernel_build_that_timed_them(pair, tmp_path: Path, caplog, monkeypatch, quantize) -> None:
+    """A new build of the C kernels can change a step's cost 2x (their thread pool did), so its
+    costs are timed anew rather than read from another build's file: in gguf (the block layers)
+    and in every CPU float32 mode (the row-wise ops and one-row attention)."""
+    from specdec_core.execution import gguf_kernels
+
+    first, _ = start(pair, tmp_path, caplog, quantize=quantize)
+    assert first.cost_cache is not None and gguf_kernels.build() == first.cost_cache.key["kernels"]
+    monkeypatch.setattr(gguf_kernels, "build", lambda: "another-build")
+    rebuilt, logged = start(pair, tmp_path, caplog, quantize=quantize)
+    assert "step costs measured" in logged and rebuilt.cost_cache is not None
+    assert rebuilt.cost_cache.path != first.cost_cache.path
+
+
+def test_real_steps_move_the_live_costs_and_reach_the_cache(pair, tmp_path: Path, caplog) -> None:
+    eng, _ = start(pair, tmp_path, caplog)
+    frozen = (list(eng.costs.target_table.seconds), list(eng.costs.draft_table.seconds))  # type: ignore[union-attr]
+    eng.generate(["Once upon a time", "def f(x):"], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    assert eng.costs.observed_steps > 0
+    assert eng.costs.live_target.seconds != frozen[0]
+    assert (eng.costs.target_table.seconds, eng.costs.draft_table.seconds) == frozen  # type: ignore[union-attr]
+    eng.save_costs()
+    assert eng.cost_cache is not None
+    saved = json.loads(eng.cost_cache.path.read_text())
+    assert saved["observed_steps"] == eng.costs.observed_steps and saved["target"]["seconds"] == eng.costs.live_target.seconds
+    again, logged = start(pair, tmp_path, caplog)
+    assert f"corrected by {eng.costs.observed_steps} real steps" in logged
+    assert again.costs.target_table.seconds == eng.costs.live_target.seconds
+
+
+def test_the_table_learns_the_level_and_keeps_the_measured_shape() -> None:
+    """Real steps rescale every size alike: a size the policy stopped choosing is never left
+    behind at a cost no step corrects (bucket by bucket, a 2-token step at 157 ms against 76 ms for
+    3 tokens kept ``auto`` from ever drafting one token)."""
+    costs = StepCostModel(CostTable([1, 2, 4, 8], [1.0, 1.0, 2.0, 4.0]), None)
+    for _ in range(200):
+        costs.observe_target(8, 8.0)
+    assert costs.target(8) == pytest.approx(8.0, rel=1e-3)
+    assert costs.live_target.seconds == pytest.approx([2.0, 2.0, 4.0, 8.0], rel=1e-3)
+    assert costs.target(8, frozen=True) == 4.0
+    for _ in range(200):
+        costs.observe_target(2, 1.0)  # only 2-token steps run now, at half the cost
+    assert costs.live_target.seconds == pytest.approx([1.0, 1.0, 2.0, 4.0], rel=1e-3)
+
+
+def test_a_size_that_runs_dearer_than_the_level_says_is_corrected_within_a_bound(tmp_path: Path) -> None:
+    """Served code_edit at 4 streams ran its 4-row steps 4% over the table and its 8-row ones 12%
+    over: one level learns the mix, and each size's correction the rest, within ``SHAPE_BOUND``,
+    while a size that never runs keeps following the level. The corrections are saved; a file
+    from before them reads as 1 each."""
+    costs = StepCostModel(CostTable([1, 4, 8], [1.0, 2.0, 4.0]), None)
+    for step in range(400):
+        n = 8 if step % 5 == 0 else 4
+        costs.observe_target(n, (1.12 if n == 8 else 1.04) * costs.target(n, frozen=True))
+    assert costs.target(4) == pytest.approx(2 * 1.04, rel=0.02)
+    assert costs.target(8) == pytest.approx(4 * 1.12, rel=0.02)
+    assert 1.04 < costs.target(1) < 1.12  # the level: the mix's average, ~1.056
+    assert costs.live_target.correction[0] == 1.0
+    cache = CostCache(tmp_path, {"model": "a"})
+    cache.save(costs)
+    loaded = cache.load()
+    assert loaded is not None and loaded.target(8) == costs.target(8) and loaded.target_table == costs.live_target
+    data = json.loads(cache.path.read_text())
+    del data["target"]["correction"]
+    cache.path.write_text(json.dumps(data))
+    older = cache.load()
+    assert older is not None and older.target_table.correction == [1.0, 1.0, 1.0]
+    for step in range(400):  # an 8-row step three times dearer than its shape: the bound holds
+        n = 8 if step % 5 == 0 else 4
+        costs.observe_target(n, (3.0 if n == 8 else 1.0) * costs.target(n, frozen=True))
+    assert costs.live_target.correction[2] == SHAPE_BOUND
+    assert costs.target(8) / costs.live_target(4, corrected=False) == pytest.approx(2 * SHAPE_BOUND, rel=1e-6)
+
+
+def test_the_first_calibration_keeps_to_its_budget(pair, caplog) -> None:
+    target = slot_runner(pair[0].model, 4, 160, vocab_size=49152)
+    draft = slot_runner(pair[1].model, 4, 160, vocab_size=49152)
+    with caplog.at_level(logging.INFO, logger="specdec"):
+        costs = calibrate(target, draft, 4, 3, 160, budget_s=0.0, repeats=1)
+    # A spent budget still times the required shapes (target 1 and 2 tokens, a 1-request draft);
+    # every other grid size is extrapolated from them, never below a smaller size's cost.
+    # Past them each table has its prefill point (128 tokens of one request, timed while filling).
+    assert costs.target_table.sizes == [1, 2, 3, 4, 6, 8, 12, 128]
+    assert costs.draft_table is not None and costs.draft_table.sizes == [1, 2, 3, 4, 128]
+    t, d = costs.target_table.seconds[:-1], costs.draft_table.seconds[:-1]
+    # The two timed sizes are whatever the machine gave. Timed in order, 3 tokens extend their
+    # line; a loaded machine may time 1 token slower than 2, and then the two are pooled
+    # (``non_decreasing``). Either way no size costs less than a smaller one.
+    if t[0] < t[1]:
+        assert t[2] == pytest.approx(t[0] + 2 * (t[1] - t[0]))
+    else:
+        assert t[0] == pytest.approx(t[1]) and t[2] >= t[1]
+    assert all(t[i] >= t[i - 1] for i in range(1, len(t)))
+    if costs.draft_table.seconds[-1] >= 4 * d[0]:
+        assert d == pytest.approx([d[0] * n for n in (1, 2, 3, 4)])
+    else:  # a tiny model's prefill can cost less than 4 x one row: the two are pooled
+        assert all(d[i] >= d[i - 1] for i in range(1, 4)) and d[3] == pytest.approx(costs.draft_table.seconds[-1])
+    assert "3 of 11 shapes timed, the others extrapolated" in caplog.text and "cap 0 s" in caplog.text
+
+
+def test_the_calibration_times_what_a_rows_cached_tokens_cost(pair, monkeypatch) -> None:
+    """One verify step of a request and one draft row, timed at the calibration's context and at
+    ``LONG_CONTEXT``: the difference per row and token is the table's ``per_context``. The timing
+    here is a function of the shape (what matters is which shapes are timed and the arithmetic)."""
+    from specdec_core.speculation import cost_model
+
+    per_token = {"target": 3e-6, "draft": 1e-6}
+
+    def fake_seconds(runner, items):
+        role = "target" if runner is target else "draft"
+        return sum(len(it.tokens) * (0.01 + per_token[role] * it.start) for it in items)
+
+    target = slot_runner(pair[0].model, 2, 4096, vocab_size=49152)
+    draft = slot_runner(pair[1].model, 2, 4096, vocab_size=49152)
+    monkeypatch.setattr(cost_model, "_seconds", fake_seconds)
+    costs = calibrate(target, draft, 2, 3, 4096, repeats=1)
+    assert costs.target_table.per_context == pytest.approx(3e-6)
+    assert costs.draft_table is not None and costs.draft_table.per_context == pytest.approx(1e-6)
+    assert costs.target_table.context == costs.draft_table.context == cost_model.CALIBRATION_CONTEXT
+    # 3 rows of a request with 2,000 cached tokens, against 3 at the calibration's 128
+    assert costs.target(3, context_tokens=3 * 2000) - costs.target(3) == pytest.approx(3 * 1872 * 3e-6)
+    # where the model is too short for a second context, the term is 0
+    short = calibrate(slot_runner(pair[0].model, 2, 160, vocab_size=49152), None, 2, 3, 160, repeats=1)
+    assert short.target_table.per_context == 0.0
+
+
+def test_a_draft_catch_up_is_priced_as_the_prefill_it_is(pair, monkeypatch) -> None:
+    """A lagging draft cache is caught up in one forward of every token since the draft last ran:
+    hundreds of rows. Decode shapes here cost the same for 1 to 4 requests (as a calibration of
+    the default pair at 4 streams gave: 3 and 4 requests at 27.0 ms), so extending their last
+    segment priced 150 rows at one row's cost. The calibration's fills time a 128-token prefill,
+    and the tables end with it."""
+    from specdec_core.speculation import cost_model
+
+    def fake_seconds(runner, items):  # decode: 20 ms whatever the rows; a prefill: 2 ms a token
+        return 0.02 if all(len(it.tokens) == 1 for it in items) else sum(0.002 * len(it.tokens) for it in items)
+
+    target = slot_runner(pair[0].model, 4, 160, vocab_size=49152)
+    draft = slot_runner(pair[1].model, 4, 160, vocab_size=49152)
+    monkeypatch.setattr(cost_model, "_seconds", fake_seconds)
+    costs = calibrate(target, draft, 4, 1, 160, repeats=1)
+    assert costs.draft(4) == pytest.approx(0.02)
+    assert costs.draft(128) == pytest.approx(0.256)
+    assert costs.draft(1 + 150) > 0.9 * 150 * 0.002  # the decode shapes alone: 0.02
+    # the tables are filled once per distinct table: at most CALIBRATION_TABLES of them
+    big = slot_runner(pair[0].model, 16, 160, vocab_size=49152)
+    assert len({tuple(t) for t in cost_model._tables(big, 16, 160)}) == cost_model.CALIBRATION_TABLES < 16
+
+
+def test_a_rows_cached_tokens_are_rescaled_with_the_level_and_kept_in_the_cache(tmp_path: Path) -> None:
+    costs = StepCostModel(CostTable([1, 4], [1.0, 2.0], per_context=0.001, context=100), None)
+    twice = 2 * costs.target(4, context_tokens=4 * 600)  # a machine at half the speed
+    for _ in range(200):
+        costs.observe_target(4, twice, context_tokens=4 * 600)
+    assert costs.live_target.seconds == pytest.approx([2.0, 4.0], rel=1e-3)
+    assert costs.live_target.per_context == pytest.approx(0.002, rel=1e-3)
+    cache = CostCache(tmp_path, {"model": "a"})
+    cache.save(costs)
+    loaded = cache.load()
+    assert loaded is not None and loaded.target_table == costs.live_target
+
+
+def test_a_cache_of_another_key_format_or_broken_is_ignored(tmp_path: Path, caplog) -> None:
+    cache = CostCache(tmp_path, {"model": "a"})
+    cache.save(StepCostModel(CostTable([1, 2], [1.0, 2.0]), None))
+    assert cache.load() is not None and cache.load().target_table.seconds == [1.0, 2.0]  # type: ignore[union-attr]
+    data = json.loads(cache.path.read_text())
+    cache.path.write_text(json.dumps({**data, "key": {"model": "b"}}))
+    assert cache.load() is None and "another configuration" in caplog.text
+    cache.path.write_text(json.dumps({**data, "format": data["format"] - 1}))
+    assert cache.load() is None and f"this version reads {data['format']}" in caplog.text
+    cache.path.write_text(json.dumps({**data, "target": {"sizes": [2, 1], "seconds": [1.0, -1.0]}}))
+    assert cache.load() is None
+    for correction in ([1.0], [1.0, 2 * SHAPE_BOUND]):  # one per size, within the bound
+        cache.path.write_text(json.dumps({**data, "target": {**data["target"], "correction": correction}}))
+        assert cache.load() is None
+    cache.path.write_text("{not json")
+    assert cache.load() is None
+
+
+def test_a_restarted_server_says_where_its_costs_came_from(tiny_target, tiny_draft, tmp_path: Path) -> None:
+    from tests.helpers.servers import ServerProcess, serving, tiny_args
+
+    args = [a for a in tiny_args(tiny_target, tiny_draft) if a != "--no-adaptive-speculation"]
+    env = {"SPECDEC_CACHE_DIR": str(tmp_path / "cache")}
+    with serving(ServerProcess(args, tmp_path / "first.log", env=env)) as first:
+        assert "step costs measured (no cache for this configuration)" in first.logs()
+    with serving(ServerProcess(args, tmp_path / "second.log", env=env)) as second:
+        logs = second.logs()
+        assert "step costs loaded from the cache" in logs and "step costs measured" not in logs
+
+
+def test_a_table_never_says_a_bigger_step_costs_less() -> None:
+    assert CostTable([1, 2, 3, 4], [67.1, 85.4, 81.5, 98.0]).seconds == pytest.approx([67.1, 83.45, 83.45, 98.0])
+    assert non_decreasing([3.0, 2.0, 1.0, 5.0]) == pytest.approx([2.0, 2.0, 2.0, 5.0])
+    assert non_decreasing([1.0, 1.0, 2.0]) == [1.0, 1.0, 2.0]
