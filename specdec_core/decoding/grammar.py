@@ -16,9 +16,11 @@ before the commit (``GrammarState.commit``).
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections import OrderedDict
+from copy import copy
 from typing import Any
 
 import torch
@@ -28,6 +30,8 @@ from specdec_core.decoding.structured_output import StructuredOutput
 
 # Whitespace between JSON tokens: up to 32 characters (indented output up to depth ~7), never
 # unbounded: a model that likes newlines must not fill its budget with them.
+log = logging.getLogger(__name__)
+
 JSON_OPTIONS: Any = {"whitespace_pattern": r"[ \t\n]{0,32}"}  # llguidance.JsonCompileOptions (a TypedDict)
 CACHE_SIZE = 64
 # llguidance's view of a tokenizer, per (tokenizer object, vocabulary size, EOS): engines built over
@@ -38,7 +42,7 @@ _LL_LOCK = threading.Lock()
 
 
 def _ll_tokenizer(hf_tokenizer: Any, n_vocab: int, eos: int) -> Any:
-    import llguidance.hf
+    import llguidance
 
     key = (id(hf_tokenizer), n_vocab, eos)
     with _LL_LOCK:
@@ -47,16 +51,32 @@ def _ll_tokenizer(hf_tokenizer: Any, n_vocab: int, eos: int) -> Any:
         entry = _LL_TOKENIZERS.get(key)
         if entry is not None and entry[0]() is hf_tokenizer:
             return entry[1]
-        built = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=n_vocab, eos_token=eos)
+        built = llguidance.LLTokenizer(_backend_json(hf_tokenizer), n_vocab=n_vocab, eos_token=eos)
         _LL_TOKENIZERS[key] = (weakref.ref(hf_tokenizer), built)
         return built
+
+
+def _backend_json(hf_tokenizer: Any) -> str:
+    """The tokenizers-library JSON llguidance builds its view from, without padding or truncation.
+
+    ``llguidance.hf.from_tokenizer`` does the same but always through a copy of the backend, which
+    for Gemma 3's 262k-token vocabulary is a JSON round trip of 1.7 s; the copy is needed only
+    where padding or truncation is set."""
+    backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ValueError("structured output needs a fast (tokenizers-backed) tokenizer")
+    if backend.padding is not None or backend.truncation is not None:
+        backend = copy(backend)
+        backend.no_padding()
+        backend.no_truncation()
+    return backend.to_str()
 
 
 class GrammarCompiler:
     """Compiles specs against one tokenizer; safe to call from any thread.
 
-    The llguidance view of the tokenizer is built on first use (1.8 s for Qwen's 151k tokens), so
-    servers that never see a constrained request never pay for it. Compiled grammars are kept in a
+    The llguidance view of the tokenizer is built once (1.8 s for Qwen's 151k tokens): in the
+    background from ``warm``, else on first use. Compiled grammars are kept in a
     small LRU keyed by the spec: the route compiles (and so validates) off the event loop, and the
     engine's ``make_request`` then copies the cached matcher in microseconds.
     """
@@ -70,14 +90,21 @@ class GrammarCompiler:
         self._cache: OrderedDict[str, Any] = OrderedDict()
 
     def warm(self) -> None:
-        """Build llguidance's view of the tokenizer now (about a second): done lazily, it stalled the
-        first constrained request's event loop 1.0-1.3 s. Import ``llguidance.torch`` too: the first
-        ``GrammarState`` (made on the event loop) imported it, and with it parts of torch, which
-        held the loop 1-4 s."""
-        if self.eos_ids:
-            import llguidance.torch  # noqa: F401
+        """Start building llguidance's view of the tokenizer on a background thread.
 
+        Built lazily, it stalled the first constrained request's event loop (1.0-1.3 s for Qwen's
+        151k tokens); built before the engine is ready, it delayed every start (4-5 s for Gemma 3's
+        262k). llguidance holds the GIL while it builds, so a request arriving meanwhile waits for
+        it, no longer than it would have waited for the start; ``compile`` waits for the build.
+        """
+        if self.eos_ids:
+            threading.Thread(target=self._build_quietly, name="specdec-grammar-warm", daemon=True).start()
+
+    def _build_quietly(self) -> None:
+        try:
             self._tokenizer()
+        except (ValueError, RuntimeError, TypeError) as exc:  # the first constrained request reports it
+            log.warning("structured output is not available for this tokenizer: %s", exc)
 
     def _tokenizer(self) -> Any:
         with self._lock:
@@ -156,8 +183,6 @@ class GrammarState:
     """
 
     def __init__(self, matcher: Any, compiler: GrammarCompiler) -> None:
-        import llguidance.torch
-
         self._committed = matcher
         self._scratch: Any = None  # a copy at the committed tokens plus ``_pending``
         self._pending: list[int] = []
@@ -165,7 +190,7 @@ class GrammarState:
         self._vocab = compiler.vocab_size
         self._eos_ids = compiler.eos_ids
         self._ll_eos = compiler.ll_eos
-        self._bits = llguidance.torch.allocate_token_bitmask(1, compiler.ll_vocab_size)
+        self._bits = torch.full((1, (compiler.ll_vocab_size + 31) // 32), -1, dtype=torch.int32)  # 32 tokens a word
         self._shifts = torch.arange(32, dtype=torch.int32)
 
     @property
