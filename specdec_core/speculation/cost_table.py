@@ -27,6 +27,15 @@ from dataclasses import dataclass, field
 SCALE_DECAY = 0.9  # weight of the old level when a real step is observed
 SHAPE_RATE = 0.05  # weight of one observed step in its size's correction
 SHAPE_BOUND = 1.25  # a size's correction stays within [1 / SHAPE_BOUND, SHAPE_BOUND]
+# One observed step counts as at most this many times (or this fraction of) what the table says: a
+# step stalled by something else (a GC pause, another process, a thread holding the GIL) moved the
+# level by 10% of its whole ratio, x14 for a 4 s stall of a 30 ms step. A real change of speed
+# still arrives, at up to x1.1 a step.
+OBSERVED_RATIO_BOUND = 2.0
+
+
+def _bounded(ratio: float) -> float:
+    return min(max(ratio, 1.0 / OBSERVED_RATIO_BOUND), OBSERVED_RATIO_BOUND)
 
 
 def non_decreasing(values: list[float]) -> list[float]:
@@ -106,8 +115,8 @@ class CostTable:
         level, predicted = self(n, context_tokens, corrected=False), self(n, context_tokens)
         if level <= 0 or predicted <= 0 or seconds <= 0:
             return False
-        factor = self._move_level(seconds / level)
-        self._correct(n, seconds / (predicted * factor))  # the level moved every term by ``factor``
+        factor = self._move_level(_bounded(seconds / level))
+        self._correct(n, _bounded(seconds / (predicted * factor)))  # the level moved every term by ``factor``
         self._update()
         return True
 

@@ -13,7 +13,7 @@ import pytest
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.speculation.cost_cache import CostCache
 from specdec_core.speculation.cost_model import StepCostModel, calibrate
-from specdec_core.speculation.cost_table import SHAPE_BOUND, CostTable, non_decreasing
+from specdec_core.speculation.cost_table import SHAPE_BOUND, SHAPE_RATE, CostTable, non_decreasing
 from tests.helpers.models import load
 from tests.helpers.runners import slot_runner
 
@@ -98,6 +98,16 @@ def test_the_table_learns_the_level_and_keeps_the_measured_shape() -> None:
     for _ in range(200):
         costs.observe_target(2, 1.0)  # only 2-token steps run now, at half the cost
     assert costs.live_target.seconds == pytest.approx([1.0, 1.0, 2.0, 4.0], rel=1e-3)
+
+
+def test_one_stalled_step_moves_the_level_by_a_bounded_step() -> None:
+    """A step held up by something else (here 100x its cost) is one sample, not the machine's new
+    speed: the level moves by at most 10% of ``OBSERVED_RATIO_BOUND`` - 1, and the size's
+    correction by at most ``SHAPE_RATE`` of it."""
+    costs = StepCostModel(CostTable([1, 8], [1.0, 2.0]), None)
+    costs.observe_target(8, 200.0)
+    assert costs.target(8) == pytest.approx(2.0 * 1.1 * (1 + SHAPE_RATE), rel=1e-6)
+    assert costs.target(1) == pytest.approx(1.1, rel=1e-6)
 
 
 def test_a_size_that_runs_dearer_than_the_level_says_is_corrected_within_a_bound(tmp_path: Path) -> None:
