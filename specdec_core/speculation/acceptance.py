@@ -1,6 +1,8 @@
 """What the policy, the requests and the metrics share about acceptance: the proposer names, the
-per-request acceptance estimate and the expected tokens of one verify pass. A leaf module, so the
-request (which owns its estimates) and the policy (which reads them) need not import each other."""
+per-request acceptance estimate, what a request learns of each proposer (``AcceptanceLearning``, a
+base of the engine's ``Request``) and the expected tokens of one verify pass. Acceptance learning
+lives here, in speculation, beside the policy that acts on it; the module imports nothing of the
+project, so the policy and the engine's request both read it without importing each other."""
 
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ MAX_ALPHA = 0.98
 # Acceptance assumed before a request has any history: optimistic enough that a lone request
 # tries the draft model at once (break-even on the 2-core CPU is about 0.7) and learns its own
 # alpha in a few steps, rather than waiting for a probe.
-PRIOR = {"draft": 0.75, "ngram": 0.5, "suffix": 0.5}
+PRIOR: dict[Source, float] = {"draft": 0.75, "ngram": 0.5, "suffix": 0.5}
 # How many standard errors below its mean the policy takes a lookup's estimate (a Wilson lower
-# bound; ``Request.alpha`` says why lookups only).
+# bound; ``AcceptanceLearning.alpha`` says why lookups only).
 # The policy drafts where an estimate clears the break-even, and a mean from a handful of
 # passes clears it most often where it is too high: chat at 4 streams, where a verified row
 # costs ~9% of the step (break-even ~0.37), drafted lookups that then kept 0.26 (2026-11-27).
@@ -64,6 +66,42 @@ class AcceptanceEstimate:
         tokens counts those only: no failure was seen past them."""
         kept = kept_prefix(proposal, committed)
         self.update(kept, kept + 1 if kept < min(len(proposal), len(committed)) else kept)
+
+
+def prior_estimates() -> dict[Source, AcceptanceEstimate]:
+    """A new request's estimates: each proposer at its ``PRIOR``."""
+    return {source: AcceptanceEstimate(prior) for source, prior in PRIOR.items()}
+
+
+class AcceptanceLearning:
+    """A request's own acceptance per proposer (a base of ``engine.request.Request``, which starts
+    ``acceptance`` at ``prior_estimates()``): what the policy acts on, and what each verify pass
+    teaches. Only ``learn`` writes the estimates, and only the commit calls it."""
+
+    acceptance: dict[Source, AcceptanceEstimate]
+
+    def alpha(self, source: Source) -> float:
+        """The acceptance the policy acts on for ``source``. A lookup's is its estimate's lower
+        bound (``AcceptanceEstimate.confident``): it learns at every pass whether chosen or not
+        (``learn``), so caution costs it no evidence. The draft model's is the mean, from an
+        optimistic prior: it learns only from the drafts it is chosen for, so it must be tried to
+        be known (probes bound what that costs)."""
+        estimate = self.acceptance[source]
+        return estimate.confident if source in LOOKUP_SOURCES else estimate.alpha
+
+    def learn(self, source: Source | None, accepted: int, proposed: int, lookups: dict[Source, list[int]],
+              committed: list[int]) -> None:
+        """One verify pass that committed ``committed`` (the target's tokens, before any stop cut).
+        The draft model learns from the drafts it verified (``accepted`` of ``proposed``); every
+        lookup the policy made for this pass, chosen or not (``lookups``, their first chains), is
+        scored against ``committed``. A lookup costs no forward, so each learns at every pass it
+        had a match: an estimate fed only by verified passes stops learning once the policy stops
+        choosing its source, and needed relaxing back to the prior, which re-tried lookups that
+        did not pay (chat at 4 streams kept 0.26 of them, 2026-11-27)."""
+        if source == "draft" and proposed:
+            self.acceptance["draft"].update(accepted, proposed)
+        for lookup, proposal in lookups.items():
+            self.acceptance[lookup].score(proposal, committed)
 
 
 def kept_prefix(drafts: list[int], truth: list[int]) -> int:
