@@ -168,11 +168,10 @@ def smol_prompts(tok) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quantize", ["int8", "gguf"])
-def test_real_model_speculation_equals_decoding_alone(smol, quantize):
-    """SmolLM2-135M in the CPU modes (gguf, its default as a GGUF file: the file's Q4_1 blocks;
-    per-row int8): draft-model and n-gram speculation, several requests batched together, give
-    exactly the tokens of decoding alone in the same mode."""
+def test_real_model_speculation_equals_decoding_alone(smol, quantize="gguf"):
+    """SmolLM2-135M in the CPU default (gguf: Q8_0 blocks made at load): draft-model and n-gram
+    speculation, several requests batched together, give exactly the tokens of decoding alone in
+    the same mode. (Opt-in per-row int8 is held to the same on the tiny models above.)"""
     from specdec_core.loading.loader import LoadedModel
 
     n = smol.model.config.num_hidden_layers

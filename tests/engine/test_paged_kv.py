@@ -153,18 +153,21 @@ def open_webui_tools(count: int = 36) -> list[dict]:
         for i in range(count)]
 
 
-@pytest.mark.slow
-def test_an_open_webui_sized_prompt_is_served_with_default_settings(smol_gguf, tmp_path):
+def test_an_open_webui_sized_prompt_is_served_with_default_settings(smol_tokenizer_dir, tmp_path):
     """Open WebUI sends ~7,000 tokens (its 36 built-in tools); with the context no longer capped
-    at 2,048 by per-slot reservations, a server started without --max-model-len answers it."""
+    at 2,048 by per-slot reservations, a server started without --max-model-len answers it. A tiny
+    model of 8,192 positions with SmolLM2's tokenizer and chat template: the sizing and the path
+    are the ones a real model takes, the prompt's prefill is not the point."""
     import openai
 
+    from tests.helpers.models import build_tiny
     from tests.helpers.servers import ServerProcess
 
-    srv = ServerProcess(["--model", str(smol_gguf), "--served-model-name", "smol", "--speculative-method", "ngram",
+    model = build_tiny(tmp_path / "model", smol_tokenizer_dir, "llama", 2, 64, 0, 49152, max_positions=8192)
+    srv = ServerProcess(["--model", str(model), "--served-model-name", "smol", "--speculative-method", "ngram",
                          "--device", "cpu", "--max-num-seqs", "2"], tmp_path / "server.log")
     try:
-        srv.wait_ready(timeout=600)  # the first load converts the GGUF (cached for the run)
+        srv.wait_ready(timeout=600)
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=600)
         out = client.chat.completions.create(
             model="smol", tools=open_webui_tools(), max_tokens=8, temperature=0,

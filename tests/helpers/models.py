@@ -31,6 +31,7 @@ def build_tiny(
     hidden: int,
     seed: int,
     vocab_size: int,
+    max_positions: int = 4096,
 ) -> Path:
     import transformers
     from transformers import AutoTokenizer
@@ -42,7 +43,7 @@ def build_tiny(
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=4096,
+        max_position_embeddings=max_positions,
         # Untied: tied random embeddings make greedy decoding echo the last token forever.
         tie_word_embeddings=False,
         bos_token_id=1,

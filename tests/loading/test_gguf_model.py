@@ -58,14 +58,19 @@ def test_served_from_the_file_is_the_converted_model(smol_gguf, tmp_path):
 @pytest.mark.slow
 def test_converted_checkpoint_is_transformers_own_reading(smol_gguf):
     """The fp32 checkpoint written for the other modes (read and dequantized here, not by
-    transformers' slower loader) holds exactly what transformers' GGUF loading gives."""
+    transformers' slower loader) holds exactly what transformers' GGUF loading gives, tensor for
+    tensor, and with its config gives the same logits."""
     from transformers import AutoModelForCausalLM
 
-    ours = load(smol_gguf).model.state_dict()
-    theirs = AutoModelForCausalLM.from_pretrained(str(smol_gguf.parent), gguf_file=smol_gguf.name,
-                                                  dtype=torch.float32).state_dict()
+    converted = load(smol_gguf)
+    reference = AutoModelForCausalLM.from_pretrained(str(smol_gguf.parent), gguf_file=smol_gguf.name,
+                                                     dtype=torch.float32, attn_implementation="sdpa").eval()
+    ours, theirs = converted.model.state_dict(), reference.state_dict()
     assert ours.keys() == theirs.keys()
     assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+    ids = converted.tokenizer("def fibonacci(n):\n    return", return_tensors="pt").input_ids
+    with torch.no_grad():
+        assert torch.equal(converted.model(ids).logits, reference(ids).logits)
 
 
 def test_other_modes_take_the_converted_path(smol_gguf):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 import specdec_core.loading.default_models as default_models
 import specdec_core.loading.loader as loader
@@ -144,17 +144,6 @@ def test_gguf_first_load_converts_and_second_reuses(
     monkeypatch.setattr(loader, "_write_hf_dir", no_conversion)
     second = _load(smol_gguf, cache)
     assert second.path == first.path and first.path.stat().st_mtime_ns == mtime
-
-
-@pytest.mark.slow
-def test_gguf_conversion_is_exact(smol_converted: tuple[Path, LoadedModel], smol_gguf: Path) -> None:
-    _, converted = smol_converted
-    reference = AutoModelForCausalLM.from_pretrained(
-        str(smol_gguf.parent), gguf_file=smol_gguf.name, dtype=torch.float32, attn_implementation="sdpa"
-    ).eval()
-    ids = converted.tokenizer("def fibonacci(n):\n    return", return_tensors="pt").input_ids
-    with torch.no_grad():
-        assert torch.equal(converted.model(ids).logits, reference(ids).logits)
 
 
 def test_interrupted_conversion_is_never_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
