@@ -17,7 +17,7 @@ a vocabulary-wide one, and graphs of all buckets share one memory pool (they are
 a time).
 
 On the CPU (``decode_graphs="on"``) the same buckets and buffers run eagerly: every real row
-equals the eager packed forward's bit for bit (``tests/test_decode_graphs.py``). That is what is
+equals the eager packed forward's bit for bit (``tests/execution/test_decode_graphs.py``). That is what is
 proven without a GPU; capture and replay themselves have not run on one here.
 """
 

@@ -3,7 +3,7 @@
 The execution contract of specdec is that a token's logits do not depend on what else is in the
 forward pass. For a linear layer that means: every output row is computed by the same arithmetic,
 in the same order, whatever the number of rows in the call. Measured on this project's 2-core AVX2
-CPU (torch 2.13, ``clients/tools/step_costs.py`` and the tests in ``tests/test_batch_invariance.py``):
+CPU (torch 2.13, ``clients/tools/step_costs.py`` and the tests in ``tests/execution/test_batch_invariance.py``):
 
 - ``F.linear`` in fp32 re-packs the weight on every multi-row call (a 5-row call costs ~3.5x a
   1-row one) and a row's result differs (~1e-6) between 1 and 8 rows;

@@ -36,7 +36,7 @@ from specdec_core.loading.model_errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
 
-# GGUF architectures read from the file; each checked against its converted model (tests/test_gguf_model.py)
+# GGUF architectures read from the file; each checked against its converted model (tests/loading/test_gguf_model.py)
 FROM_FILE = ("llama", "qwen2", "qwen3", "gemma3")
 _MODEL_TYPES = {"gemma3": "gemma3_text"}  # the file holds the text model only
 
