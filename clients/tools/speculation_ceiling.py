@@ -54,11 +54,11 @@ from specdec_core import SamplingParams  # noqa: E402
 from specdec_core.engine.request import Request  # noqa: E402
 from specdec_core.speculation import acceptance  # noqa: E402
 from specdec_core.speculation.acceptance import Source, kept_prefix  # noqa: E402
-from specdec_core.speculation.cost_model import StepCostModel  # noqa: E402
 from specdec_core.speculation.cost_table import CostTable  # noqa: E402
 from specdec_core.speculation.ngram import NgramProposer  # noqa: E402
 from specdec_core.speculation.policy import LookupProposer, SpeculationPolicy  # noqa: E402
 from specdec_core.speculation.scheduled_request import ScheduledRequest  # noqa: E402
+from specdec_core.speculation.step_costs import StepCostModel  # noqa: E402
 from specdec_core.speculation.suffix import SuffixProposer  # noqa: E402
 
 # One request's verify pass by rows, 256 cached tokens a row, the default pair's target (`gguf`):

@@ -46,10 +46,10 @@ from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.loading.draft_vocab import frequent_token_ids
 from specdec_core.loading.progress_log import phase
 from specdec_core.speculation.acceptance import Source
-from specdec_core.speculation.cost_model import observe_step
 from specdec_core.speculation.draft_model import DraftModelProposer
 from specdec_core.speculation.ngram import NgramProposer
 from specdec_core.speculation.policy import LookupProposer, SpeculationPolicy
+from specdec_core.speculation.step_costs import observe_step
 from specdec_core.speculation.suffix import SuffixProposer
 
 log = logging.getLogger("specdec.engine")

@@ -18,8 +18,9 @@ from specdec_core.execution import gguf_kernels
 from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.loading.progress_log import phase
+from specdec_core.speculation.calibration import calibrate, warm_up
 from specdec_core.speculation.cost_cache import CostCache, machine, model_identity
-from specdec_core.speculation.cost_model import StepCostModel, calibrate, warm_up
+from specdec_core.speculation.step_costs import StepCostModel
 
 if TYPE_CHECKING:
     from specdec_core.loading.loader import LoadedModel
@@ -29,7 +30,7 @@ log = logging.getLogger("specdec.engine")
 
 def step_costs(config: EngineConfig, target: ModelRunner, draft: ModelRunner | None, target_model: LoadedModel,
                draft_model: LoadedModel | None, profile: DeviceProfile, tokens_per_seq: int) -> tuple[StepCostModel, CostCache | None]:
-    """The costs of this configuration on this machine (``cost_model.calibrate``), and the cache
+    """The costs of this configuration on this machine (``calibration.calibrate``), and the cache
     they are kept in (None without adaptive speculation)."""
     if not config.adaptive_speculation:
         return StepCostModel.constant(draft is not None), None

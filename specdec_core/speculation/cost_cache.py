@@ -32,14 +32,14 @@ from typing import Any
 
 import torch
 
-from specdec_core.speculation.cost_model import StepCostModel
 from specdec_core.speculation.cost_table import SHAPE_BOUND, CostTable
+from specdec_core.speculation.step_costs import StepCostModel
 
-log = logging.getLogger("specdec.cost_model")
+log = logging.getLogger("specdec.step_costs")
 
 # 2: the live tables keep the measured shape (format 1's were corrected bucket by bucket);
 # 3: and the cost of a row's cached tokens (``CostTable.per_context``);
-# 4: and a prefill point at the end of each table (``cost_model``: what a draft catch-up costs);
+# 4: and a prefill point at the end of each table (``calibration``: what a draft catch-up costs);
 # since 2026-11-27 a table may also carry its sizes' ``correction`` (a file without it reads as 1 each)
 FORMAT = 4
 SAVE_INTERVAL_S = 60.0

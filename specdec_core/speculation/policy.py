@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from specdec_core.speculation.acceptance import Source, expected_tokens
-from specdec_core.speculation.cost_model import StepCostModel
 from specdec_core.speculation.draft_tree import DraftTree
 from specdec_core.speculation.scheduled_request import ScheduledItems, ScheduledRequest, SpeculatingRequest
+from specdec_core.speculation.step_costs import StepCostModel
 
 
 class LookupProposer(Protocol):

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from specdec_core import Engine, EngineConfig, SamplingParams
+from specdec_core.speculation.calibration import calibrate
 from specdec_core.speculation.cost_cache import CostCache
-from specdec_core.speculation.cost_model import StepCostModel, calibrate
 from specdec_core.speculation.cost_table import SHAPE_BOUND, SHAPE_RATE, CostTable, non_decreasing
+from specdec_core.speculation.step_costs import StepCostModel
 from tests.helpers.models import load
 from tests.helpers.runners import slot_runner
 
@@ -169,7 +170,7 @@ def test_the_calibration_times_what_a_rows_cached_tokens_cost(pair, monkeypatch)
     """One verify step of a request and one draft row, timed at the calibration's context and at
     ``LONG_CONTEXT``: the difference per row and token is the table's ``per_context``. The timing
     here is a function of the shape (what matters is which shapes are timed and the arithmetic)."""
-    from specdec_core.speculation import cost_model
+    from specdec_core.speculation import calibration
 
     per_token = {"target": 3e-6, "draft": 1e-6}
 
@@ -179,11 +180,11 @@ def test_the_calibration_times_what_a_rows_cached_tokens_cost(pair, monkeypatch)
 
     target = slot_runner(pair[0].model, 2, 4096, vocab_size=49152)
     draft = slot_runner(pair[1].model, 2, 4096, vocab_size=49152)
-    monkeypatch.setattr(cost_model, "_seconds", fake_seconds)
+    monkeypatch.setattr(calibration, "_seconds", fake_seconds)
     costs = calibrate(target, draft, 2, 3, 4096, repeats=1)
     assert costs.target_table.per_context == pytest.approx(3e-6)
     assert costs.draft_table is not None and costs.draft_table.per_context == pytest.approx(1e-6)
-    assert costs.target_table.context == costs.draft_table.context == cost_model.CALIBRATION_CONTEXT
+    assert costs.target_table.context == costs.draft_table.context == calibration.CALIBRATION_CONTEXT
     # 3 rows of a request with 2,000 cached tokens, against 3 at the calibration's 128
     assert costs.target(3, context_tokens=3 * 2000) - costs.target(3) == pytest.approx(3 * 1872 * 3e-6)
     # where the model is too short for a second context, the term is 0
@@ -197,21 +198,21 @@ def test_a_draft_catch_up_is_priced_as_the_prefill_it_is(pair, monkeypatch) -> N
     the default pair at 4 streams gave: 3 and 4 requests at 27.0 ms), so extending their last
     segment priced 150 rows at one row's cost. The calibration's fills time a 128-token prefill,
     and the tables end with it."""
-    from specdec_core.speculation import cost_model
+    from specdec_core.speculation import calibration
 
     def fake_seconds(runner, items):  # decode: 20 ms whatever the rows; a prefill: 2 ms a token
         return 0.02 if all(len(it.tokens) == 1 for it in items) else sum(0.002 * len(it.tokens) for it in items)
 
     target = slot_runner(pair[0].model, 4, 160, vocab_size=49152)
     draft = slot_runner(pair[1].model, 4, 160, vocab_size=49152)
-    monkeypatch.setattr(cost_model, "_seconds", fake_seconds)
+    monkeypatch.setattr(calibration, "_seconds", fake_seconds)
     costs = calibrate(target, draft, 4, 1, 160, repeats=1)
     assert costs.draft(4) == pytest.approx(0.02)
     assert costs.draft(128) == pytest.approx(0.256)
     assert costs.draft(1 + 150) > 0.9 * 150 * 0.002  # the decode shapes alone: 0.02
     # the tables are filled once per distinct table: at most CALIBRATION_TABLES of them
     big = slot_runner(pair[0].model, 16, 160, vocab_size=49152)
-    assert len({tuple(t) for t in cost_model._tables(big, 16, 160)}) == cost_model.CALIBRATION_TABLES < 16
+    assert len({tuple(t) for t in calibration._tables(big, 16, 160)}) == calibration.CALIBRATION_TABLES < 16
 
 
 def test_a_rows_cached_tokens_are_rescaled_with_the_level_and_kept_in_the_cache(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from clients.tools import speculation_ceiling as ceiling
-from specdec_core.speculation.cost_model import StepCostModel
 from specdec_core.speculation.cost_table import CostTable
+from specdec_core.speculation.step_costs import StepCostModel
 
 # One row costs 1 s, five 2 s; no context term, so every pass's price is its rows alone.
 COSTS = StepCostModel(CostTable([1, 5], [1.0, 2.0]), None)

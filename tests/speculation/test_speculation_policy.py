@@ -11,11 +11,11 @@ import torch
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.engine.request import Request
 from specdec_core.speculation.acceptance import expected_tokens
-from specdec_core.speculation.cost_model import StepCostModel
 from specdec_core.speculation.cost_table import CostTable
 from specdec_core.speculation.draft_tree import DraftTree
 from specdec_core.speculation.policy import PROBE_INTERVAL, SpeculationPolicy
 from specdec_core.speculation.scheduled_request import ScheduledRequest
+from specdec_core.speculation.step_costs import StepCostModel
 from tests.helpers.models import load
 
 # Step costs measured on the 2-core CPU (ms): the 1.5B int8 target by tokens in the step, the
