@@ -114,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     w.add_argument("--concurrency", default="1,4,16", help="comma list of concurrency levels")
     w.add_argument("--num-prompts", type=int, default=10,
                    help="prompts per kind, the first N of clients/prompts.json (48 per kind; default 10, the set "
-                        "results before 2026-11-25 used; --pairing same needs c of them per unit at concurrency c)")
+                        "the earlier recorded runs used; --pairing same needs c of them per unit at concurrency c)")
     w.add_argument("--prompts-per-stream", type=int, default=1, metavar="M",
                    help="--pairing same: each unit at concurrency c is c clients running M prompts each, a "
                         "client's next one as soon as its last one finished (default 1: a burst of c, which ends "
@@ -306,9 +306,9 @@ def _run_same_server(args, workloads, servers: dict, details: list, notes: list)
     the one at --url.
 
     Every level cuts its units from the same prompts, so on one server a later level's 'on' arm
-    could find an earlier level's answers in the global suffix trie (measured 2026-11-25: chat at
-    c=4 after c=16 accepted 169 of 214 suffix drafts), and its prefix cache would serve whichever
-    arm's blocks were freed last. A fresh server per level has neither."""
+    could find an earlier level's answers in the global suffix trie (chat at c=4 after c=16
+    accepted 169 of 214 suffix drafts), and its prefix cache would serve whichever arm's blocks
+    were freed last. A fresh server per level has neither."""
     if not args.spawn:
         model, method = asyncio.run(server_info(args.url, args))
         log(f"server at {args.url} serves {model!r} with speculative method {method!r}: {method} vs off")

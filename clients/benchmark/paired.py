@@ -19,7 +19,7 @@ speculation off does not feed the server's global trie, so the off arm cannot le
 Each arm has its own prefix cache: every request of an arm carries that arm's ``cache_salt``
 (fresh per run and per cell, since the cells of a kind share prompts). Without it the arm that
 ran second found its unit's prompts cached and skipped their prefill, and with two to five units
-per cell that order, not speculation, decided the cell (code_edit at c=4, 2026-11-25: 0.54-0.60
+per cell that order, not speculation, decided the cell (code_edit at c=4: 0.54-0.60
 when on ran first, 1.36-1.51 when off did). With a salt per arm, both arms of a unit meet the
 same cache: the prompts of every earlier unit's same arm (a shared system prompt stays cached,
 as in real traffic), never this unit's.

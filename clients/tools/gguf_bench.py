@@ -138,8 +138,8 @@ def step_bench(source: str | None, context: int, repeats: int, gbs: float,
     print(f"\nstep of {loaded.name} ({context} tokens cached), ms median (min); weights read per step: "
           + ", ".join(f"{m} {read_bytes(r) / 1e9:.3f} GB" for m, r in runners.items())
           + "; preparing the runner: " + ", ".join(f"{m} {s:.1f} s" for m, s in prepare_s.items()))
-    print("(gguf runs on torch's OpenMP team; \"gguf, own pool\" on a thread pool of the kernels' own, as before "
-          "2026-11-24, while torch's idle OpenMP workers spin)")
+    print("(gguf runs on torch's OpenMP team; \"gguf, own pool\" on a thread pool of the kernels' own, which "
+          "shares the cores with torch's idle OpenMP workers while they spin)")
     print("| shape | int8 | gguf | gguf, own pool | gguf / int8 |\n|---|---|---|---|---|")
     one: dict[str, float] = {}
 

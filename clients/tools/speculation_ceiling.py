@@ -62,7 +62,8 @@ from specdec_core.speculation.step_costs import StepCostModel  # noqa: E402
 from specdec_core.speculation.suffix import SuffixProposer  # noqa: E402
 
 # One request's verify pass by rows, 256 cached tokens a row, the default pair's target (`gguf`):
-# `python clients/tools/step_costs.py --modes gguf --stat min --repeats 5`, 2-core EPYC, 2026-11-25, ms.
+# `python clients/tools/step_costs.py --modes gguf --stat min --repeats 5`, 2-core EPYC, ms
+# (docs/speculation-measurements.md, "A verified row's cost, re-measured").
 MEASURED_ROWS = ([1, 2, 3, 5, 9], [57.1, 61.6, 71.2, 92.2, 159.5])
 MEASURED_PER_CONTEXT = 3.07e-6  # seconds per row and cached token past 256 (the calibration's term)
 MEASURED_CONTEXT = 256

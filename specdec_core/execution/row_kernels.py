@@ -3,7 +3,7 @@ rotary embedding, gated product (SiLU or GELU).
 
 Why: on the CPU a one-token step is bound by the bytes of weights it streams (~60 ms for the
 1.5B here), and the torch forms of these operations added ~250 small ops and ~16 ms to it
-(``torch.profiler``, 2026-11-24): an RMS norm of 1,536 values was ~75 us of pow/mean/rsqrt/mul,
+(``torch.profiler``; docs/execution-measurements.md, "The rest of the step"): an RMS norm of 1,536 values was ~75 us of pow/mean/rsqrt/mul,
 nearly all per-op overhead. Each row is computed by one thread with one instruction sequence,
 so rows stay bit-identical alone and batched.
 

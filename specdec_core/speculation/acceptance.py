@@ -21,8 +21,9 @@ PRIOR: dict[Source, float] = {"draft": 0.75, "ngram": 0.5, "suffix": 0.5}
 # bound; ``AcceptanceLearning.alpha`` says why lookups only).
 # The policy drafts where an estimate clears the break-even, and a mean from a handful of
 # passes clears it most often where it is too high: chat at 4 streams, where a verified row
-# costs ~9% of the step (break-even ~0.37), drafted lookups that then kept 0.26 (2026-11-27).
-# At one stream, where rows are cheap, it moves few decisions (replayed: within 2%, docs).
+# costs ~9% of the step (break-even ~0.37), drafted lookups that then kept 0.26. At one stream,
+# where rows are cheap, it moves few decisions (replayed: within 2%). Both records:
+# docs/speculation-measurements.md, "Lookup estimates from every lookup".
 CONFIDENCE_Z = 1.0
 
 
@@ -97,7 +98,7 @@ class AcceptanceLearning:
         scored against ``committed``. A lookup costs no forward, so each learns at every pass it
         had a match: an estimate fed only by verified passes stops learning once the policy stops
         choosing its source, and needed relaxing back to the prior, which re-tried lookups that
-        did not pay (chat at 4 streams kept 0.26 of them, 2026-11-27)."""
+        did not pay (chat at 4 streams kept 0.26 of them)."""
         if source == "draft" and proposed:
             self.acceptance["draft"].update(accepted, proposed)
         for lookup, proposal in lookups.items():

@@ -43,7 +43,8 @@ CALIBRATION_TABLES = 4
 # Rounds over the shapes; each shape keeps its fastest run. With 3, five calibrations of the default
 # pair on one quiet 2-core machine put 6 tokens at 1.52-2.30x one token and 16 at 4.25-5.39x; with
 # 9, four put them at 1.48-1.71x and 3.87-4.46x, for ~12 s more on the first start only (the table
-# is cached). The shape decides where drafts pay at several streams (2026-11-27, docs/speculation-measurements.md).
+# is cached). The shape decides where drafts pay at several streams (docs/speculation-measurements.md,
+# "the calibration's shape").
 CALIBRATION_REPEATS = 9
 # The second context the cost of a row's cached tokens is timed at (``_per_context``), if the
 # model's length allows one at least MIN_CONTEXT_SPAN past CALIBRATION_CONTEXT.

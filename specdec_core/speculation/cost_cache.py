@@ -40,7 +40,8 @@ log = logging.getLogger("specdec.step_costs")
 # 2: the live tables keep the measured shape (format 1's were corrected bucket by bucket);
 # 3: and the cost of a row's cached tokens (``CostTable.per_context``);
 # 4: and a prefill point at the end of each table (``calibration``: what a draft catch-up costs);
-# since 2026-11-27 a table may also carry its sizes' ``correction`` (a file without it reads as 1 each)
+#    a table may also carry its sizes' ``correction``, added without a new format: a file without it
+#    reads as 1 each
 FORMAT = 4
 SAVE_INTERVAL_S = 60.0
 

@@ -11,8 +11,8 @@ dear was never chosen again, so never corrected (4 and 5 tokens stayed at 146-15
 stopped drafting past 2 tokens). The per-size correction is what one factor cannot learn: the
 calibration times n requests of one row each at 128 cached tokens, but at 4 streams a 7- or
 8-row step is four requests verifying drafts at code contexts, and a served code_edit run put
-those 11-12% over the table while its 580 four-row steps ran 4% over (docs/speculation-measurements.md, issue
-23, 2026-11-27). The level learns from the uncorrected shape, so it is the traffic's average and
+those 11-12% over the table while its 580 four-row steps ran 4% over (docs/speculation-measurements.md,
+"Each step size priced on its own"). The level learns from the uncorrected shape, so it is the traffic's average and
 a slower machine moves it rather than the correction of whichever size runs; each correction
 learns its size's cost against that level and stays within ``SHAPE_BOUND`` of the measured
 shape, so a size it made dear is at most that much dearer than measured and keeps following the
