@@ -10,15 +10,16 @@ T = GGMLQuantizationType
 K_QUANTS = {T.Q4_K, T.Q5_K, T.Q6_K}
 
 
-def blocks_for(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int) -> np.ndarray:
+def blocks_for(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int, scale: float = 1.0) -> np.ndarray:
     """Valid blocks of ``qtype``: the gguf quantizer where it has one, else random bits (every bit
-    pattern of a K-quant block is a valid block) with small positive fp16 super-block scales."""
+    pattern of a K-quant block is a valid block) with small positive fp16 super-block scales.
+    ``scale`` multiplies the values (a model's weights want ~0.05, not ~1)."""
     rng = np.random.default_rng(seed)
     if qtype not in K_QUANTS:
-        return quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
+        return quants.quantize(scale * rng.standard_normal((rows, cols)).astype(np.float32), qtype)
     block, size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    scales = rng.uniform(0.002, 0.02, size=(rows, cols // block, 2)).astype(np.float16).view(np.uint8)
+    scales = (scale * rng.uniform(0.002, 0.02, size=(rows, cols // block, 2))).astype(np.float16).view(np.uint8)
     if qtype == T.Q6_K:
         raw[..., 208:210] = scales[..., :2]
     else:  # d and dmin lead the Q4_K / Q5_K block
