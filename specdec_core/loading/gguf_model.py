@@ -14,6 +14,13 @@ would need ~30 GB, more than these machines have. Where the block kernels serve 
   is read and dequantized exactly as transformers' loader would (its tensor processors: llama's
   q/k row order, Gemma's norm offset).
 
+Phi-3 / Phi-4-mini keep their fused ``attn_qkv`` and ``ffn_up`` (gate|up) blocks as the model's
+``qkv_proj`` and ``gate_up_proj`` (llama.cpp writes them unpermuted, as the native forward reads
+them). Its rotary settings are read beyond transformers' GGUF tables, which drop them: the rotary
+dims (``rope.dimension_count``, 96 of Phi-4-mini's 128) and LongRoPE (the factors llama.cpp stores
+as the tensors ``rope_factors_long/short.weight``, and ``rope.scaling.original_context_length``);
+transformers' own GGUF loading gives such a file plain full-width RoPE.
+
 Only architectures checked tensor for tensor against the converted model are read this way
 (``FROM_FILE``); any other GGUF takes the converted path.
 """
@@ -37,7 +44,7 @@ from specdec_core.loading.model_errors import ModelLoadError
 logger = logging.getLogger(__name__)
 
 # GGUF architectures read from the file; each checked against its converted model (tests/loading/test_gguf_model.py)
-FROM_FILE = ("llama", "qwen2", "qwen3", "gemma3")
+FROM_FILE = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 _MODEL_TYPES = {"gemma3": "gemma3_text"}  # the file holds the text model only
 
 
@@ -66,10 +73,45 @@ def gguf_config(file: GGUFFile):
     values["tie_word_embeddings"] = "output.weight" not in file.tensors
     if "vocab_size" not in values:
         values["vocab_size"] = file.metadata["tokenizer.ggml.tokens"]  # its length: the array is not decoded
+    if arch == "phi3":
+        values.update(_phi3_rope(file, values))
     model_type = _MODEL_TYPES.get(arch, arch)
     for key in ("model_type", "_model_name_or_path"):
         values.pop(key, None)
     return AutoConfig.for_model(model_type, **values)
+
+
+def _phi3_rope(file: GGUFFile, values: dict[str, Any]) -> dict[str, Any]:
+    """Phi-3's rotary config as llama.cpp's converter stored it (see module docstring). The
+    attention factor llama.cpp also writes (``rope.scaling.attn_factor``) is the one transformers
+    computes from the two context lengths, so it is left to transformers; the sliding window it
+    writes is ignored, as llama.cpp and transformers' GGUF loading ignore it."""
+    meta = file.metadata
+    head_dim = values["hidden_size"] // values["num_attention_heads"]
+    dims = meta.get("phi3.rope.dimension_count") or head_dim
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": values.pop("rope_theta", 10000.0),
+                            "partial_rotary_factor": dims / head_dim}
+    out: dict[str, Any] = {"rope_parameters": rope}
+    original = meta.get("phi3.rope.scaling.original_context_length")
+    if original:
+        out["original_max_position_embeddings"] = int(original)
+    if "rope_factors_long.weight" in file.tensors or "rope_factors_short.weight" in file.tensors:
+        if not original:
+            raise ValueError(f"{file.path.name} has LongRoPE factors but no phi3.rope.scaling.original_context_length")
+        rope.update(rope_type="longrope", original_max_position_embeddings=int(original),
+                    long_factor=_floats(file, "rope_factors_long.weight"),
+                    short_factor=_floats(file, "rope_factors_short.weight"))
+    return out
+
+
+def _floats(file: GGUFFile, name: str) -> list[float]:
+    """A small float tensor of the file as Python floats (LongRoPE's factors)."""
+    from gguf import GGMLQuantizationType, quants
+
+    if name not in file.tensors:
+        raise ValueError(f"{file.path.name} lacks {name}")
+    values = quants.dequantize(file.read(name), GGMLQuantizationType(file.tensors[name].ggml_type))
+    return [float(v) for v in values.astype(np.float32).reshape(-1)]
 
 
 def load_gguf_model(path: Path) -> tuple[HFModule, Any]:

@@ -1,5 +1,7 @@
 """A GGUF served from its file (``loading.gguf_model``): the same model, bit for bit, as the
-converted fp32 checkpoint served by the same block kernels, without writing anything."""
+converted fp32 checkpoint served by the same block kernels, without writing anything; and the
+converted model the one transformers reads from the file (for Phi-3's LongRoPE and partial rotary,
+which transformers' GGUF loading drops, the model the file was written from)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,30 @@ from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.forward_plan import ForwardItem
 from specdec_core.execution.gguf_file import read_gguf
 from specdec_core.loading.loader import load_model
+from tests.helpers.gguf_writer import write_phi3_gguf
 from tests.helpers.models import load
 from tests.helpers.runners import region, slot_runner
 
 PROMPT = "def quicksort(arr):\n    <|im_start|>  x"
+# 27 tokens of the tiny Phi-3 vocabulary: past PHI4_ORIGINAL, so both LongRoPE factor sets are used
+PHI3_PROMPT = "<|user|>\ndef fibonacci(n):\n    return sorted(arr) if n else x<|end|>\n<|assistant|>\n"
+PHI4_ORIGINAL = 16  # the tiny Phi-4-mini's original_max_position_embeddings
+PHI4_LONG = [2.0 + 0.25 * i for i in range(24)]  # float32-exact, as the file stores them
+PHI4_SHORT = [1.0 + 0.125 * i for i in range(24)]
+
+
+@pytest.fixture(scope="module")
+def phi3_gguf(tmp_path_factory) -> Path:
+    """A tiny random Phi-3-mini (4k): full rotary, no LongRoPE, untied head, sentencepiece vocab."""
+    return write_phi3_gguf(tmp_path_factory.mktemp("phi3") / "tiny-phi3.gguf")
+
+
+@pytest.fixture(scope="module")
+def phi4_gguf(tmp_path_factory) -> Path:
+    """A tiny random Phi-4-mini: 48 of 64 dims rotated, LongRoPE, head tied to the embedding."""
+    return write_phi3_gguf(tmp_path_factory.mktemp("phi4") / "tiny-phi4.gguf", rope_dims=48, tied=True,
+                           original_context=PHI4_ORIGINAL, long_factors=PHI4_LONG, short_factors=PHI4_SHORT,
+                           sliding_window=0, seed=1)
 
 
 def test_table_is_the_gguf_packages(smol_gguf):
@@ -110,3 +132,80 @@ def test_a_draft_head_over_part_of_the_vocabulary(smol_gguf, tmp_path):
     part = slot_runner(served.model, 2, 64, vocab_size=vocab, quantize="gguf", head_rows=rows).forward(items)
     assert torch.equal(part[:, rows], full[:, rows])
     assert torch.isinf(part[:, 1]).all()
+
+
+@pytest.mark.parametrize("name", ["phi3_gguf", "phi4_gguf"])
+def test_phi3_from_the_file(name, request, tmp_path):
+    """Phi-3's fused qkv and gate_up blocks, partial rotary dims and LongRoPE factors from the file:
+    the converted model's config, tokenizer and logits (``torch.equal``, positions on both sides of
+    the original context), nothing written."""
+    path: Path = request.getfixturevalue(name)
+    cache = tmp_path / "cache"
+    served = load_model(str(path), role="target", profile=DeviceProfile.decide("cpu", "float32", "gguf"),
+                        cache_dir=cache, progress=False)
+    assert not cache.exists() or not any(cache.rglob("*"))
+    attn = served.model.model.layers[0].self_attn
+    assert {p.numel() for p in (*attn.qkv_proj.parameters(), *served.model.model.layers[0].mlp.gate_up_proj.parameters())} == {0}
+    converted = load(path)
+    ignore = {"_name_or_path", "architectures", "_model_name_or_path"}
+    assert {k: v for k, v in served.model.config.to_dict().items() if k not in ignore} == \
+        {k: v for k, v in converted.model.config.to_dict().items() if k not in ignore}
+    ids = served.tokenizer(PHI3_PROMPT)["input_ids"]
+    assert ids == converted.tokenizer(PHI3_PROMPT)["input_ids"] and len(ids) > PHI4_ORIGINAL
+    assert served.tokenizer.chat_template == converted.tokenizer.chat_template
+    vocab = served.model.config.vocab_size
+    got = slot_runner(served.model, 2, 64, vocab_size=vocab, quantize="gguf")
+    ref = slot_runner(converted.model, 2, 64, vocab_size=vocab, quantize="gguf")
+    assert got.path == "native" and got.block_layers == ref.block_layers + 1  # + the embedding's blocks
+    items = [ForwardItem(region(0, 64), 0, ids, len(ids))]
+    logits = got.forward(items)
+    assert torch.isfinite(logits).all() and torch.equal(logits, ref.forward(items))
+
+
+def test_phi3_converted_is_transformers_own_reading(phi3_gguf):
+    """A Phi-3 without LongRoPE: the converted model is transformers' GGUF reading, config, tensor
+    for tensor (the fused qkv and gate_up rows in the file's order) and logits, and the tokenizer
+    its GGUF tokenizer (Phi-3's sentencepiece normalizer, control tokens, chat template)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    converted = load(phi3_gguf)
+    reference = AutoModelForCausalLM.from_pretrained(str(phi3_gguf.parent), gguf_file=phi3_gguf.name,
+                                                     dtype=torch.float32, attn_implementation="sdpa").eval()
+    ignore = {"_name_or_path", "architectures", "_model_name_or_path", "dtype", "quantization_config"}
+    assert {k: v for k, v in converted.model.config.to_dict().items() if k not in ignore} == \
+        {k: v for k, v in reference.config.to_dict().items() if k not in ignore}
+    ours, theirs = converted.model.state_dict(), reference.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+    tokenizer = AutoTokenizer.from_pretrained(str(phi3_gguf.parent), gguf_file=phi3_gguf.name)
+    ids = tokenizer(PHI3_PROMPT, return_tensors="pt").input_ids
+    assert ids[0].tolist() == converted.tokenizer(PHI3_PROMPT)["input_ids"]
+    assert converted.tokenizer.chat_template == tokenizer.chat_template
+    with torch.no_grad():
+        assert torch.equal(converted.model(ids).logits, reference(ids).logits)
+
+
+def test_phi3_longrope_is_the_model_the_file_was_written_from(phi4_gguf):
+    """A Phi-4-mini's LongRoPE factors, original context and rotary dims, which transformers' GGUF
+    loading drops (it reads the tensors, tensor for tensor the converted ones, under plain
+    full-width RoPE): the converted model gives the logits of transformers' Phi-3 with the config
+    the file was written from, below the original context (short factors) and past it (long)."""
+    from transformers import AutoModelForCausalLM, Phi3Config, Phi3ForCausalLM
+
+    converted = load(phi4_gguf)
+    reference = AutoModelForCausalLM.from_pretrained(str(phi4_gguf.parent), gguf_file=phi4_gguf.name,
+                                                     dtype=torch.float32, attn_implementation="sdpa").eval()
+    ours, theirs = converted.model.state_dict(), reference.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "original_max_position_embeddings": PHI4_ORIGINAL, "long_factor": PHI4_LONG, "short_factor": PHI4_SHORT}
+    assert converted.model.config.rope_parameters == rope
+    truth = Phi3ForCausalLM(Phi3Config(**{**reference.config.to_dict(), "rope_parameters": rope,
+                                          "original_max_position_embeddings": PHI4_ORIGINAL}))
+    truth.load_state_dict(theirs)
+    truth.eval()
+    ids = converted.tokenizer(PHI3_PROMPT, return_tensors="pt").input_ids
+    with torch.no_grad():
+        for n in (PHI4_ORIGINAL, ids.shape[1]):
+            assert torch.equal(converted.model(ids[:, :n]).logits, truth(ids[:, :n]).logits)
