@@ -25,9 +25,11 @@ from server.openai.schemas.base import (
     SEED_MIN,
     NonEmptyStr,
     Schema,
+    fields_fit_the_type,
     invalid,
     only_off,
     schema_within_caps,
+    text_as_parts,
     unsupported,
 )
 from server.openai.schemas.chat import MAX_TOOLS
@@ -47,12 +49,7 @@ class AnthropicTextBlock(Schema):
     citations: Annotated[None, only_off("Citations are not supported.")] = None
 
 
-def _text_as_blocks(value: Any) -> Any:
-    if isinstance(value, str):
-        return [{"type": "text", "text": value}]
-    if not isinstance(value, list):
-        raise invalid("must be a string or an array of content blocks.")
-    return value
+_text_as_blocks = text_as_parts("text", "content blocks")
 
 
 def _block_type(value: Any) -> Any:
@@ -86,13 +83,8 @@ class AnthropicContentBlock(Schema):
     @model_validator(mode="after")
     def _fields_fit_the_type(self) -> AnthropicContentBlock:
         need = {"text": ("text",), "tool_use": ("id", "name", "input"), "tool_result": ("tool_use_id",)}[self.type]
-        missing = [name for name in need if getattr(self, name) is None]
-        if missing:
-            raise invalid("is a {kind} block without {missing}.", kind=self.type, missing=", ".join(f"'{m}'" for m in missing))
-        extra = sorted(n for n in ("text", "id", "name", "input", "tool_use_id", "content")
-                       if n not in need and getattr(self, n) is not None and not (self.type == "tool_result" and n == "content"))
-        if extra:
-            raise invalid("is a {kind} block, which has no {extra}.", kind=self.type, extra=", ".join(f"'{e}'" for e in extra))
+        fields_fit_the_type(self, self.type, "block", need, ("text", "id", "name", "input", "tool_use_id", "content"),
+                            also=("content",) if self.type == "tool_result" else ())
         return self
 
     @property

@@ -21,6 +21,7 @@ Extensions (documented in ``specdec serve --help``): ``top_k`` (0 or -1 = off),
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -94,6 +95,36 @@ def only_off(detail: str, *off: Any) -> BeforeValidator:
         return value
 
     return BeforeValidator(check)
+
+
+def text_as_parts(part_type: str, noun: str) -> Callable[[Any], Any]:
+    """The before-validator of a content field that also takes a bare string, as chat's, the
+    Responses API's and the Messages API's all do: the string is one text part of ``part_type``;
+    anything but a string or an array is refused, naming ``noun``."""
+
+    def parts(value: Any) -> Any:
+        if isinstance(value, str):
+            return [{"type": part_type, "text": value}]
+        if not isinstance(value, list):
+            raise invalid("must be a string or an array of {noun}.", noun=noun)
+        return value
+
+    return parts
+
+
+def fields_fit_the_type(model: BaseModel, kind: str, noun: str, need: tuple[str, ...], fields: tuple[str, ...],
+                        also: tuple[str, ...] = ()) -> None:
+    """For a part whose type ``kind`` decides its fields (a Responses input item, a Messages content
+    block), declared with every type's fields optional: refuse one that lacks a field of ``need``,
+    or carries one of ``fields`` that its type has not (``also``: the ones it may carry anyway)."""
+    missing = [name for name in need if getattr(model, name) is None]
+    if missing:
+        raise invalid("is a {kind} {noun} without {missing}.", kind=kind, noun=noun,
+                      missing=", ".join(f"'{m}'" for m in missing))
+    extra = sorted(name for name in fields if name not in need + also and getattr(model, name) is not None)
+    if extra:
+        raise invalid("is a {kind} {noun}, which has no {extra}.", kind=kind, noun=noun,
+                      extra=", ".join(f"'{e}'" for e in extra))
 
 
 NoFunctions = Annotated[list[dict[str, Any]], Field(max_length=0), only_off(LEGACY_FUNCTIONS, [])]

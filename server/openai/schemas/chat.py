@@ -15,6 +15,7 @@ from server.openai.schemas.base import (
     Schema,
     _nullable_optionals,
     invalid,
+    text_as_parts,
     unsupported,
 )
 from server.openai.schemas.generation import GenerationRequest
@@ -37,15 +38,6 @@ class ContentPart(Schema):
         return value
 
 
-def _text_as_parts(value: Any) -> Any:
-    if isinstance(value, str):
-        return [{"type": "text", "text": value}]
-    if not isinstance(value, list):
-        raise invalid("must be a string or an array of content parts.")
-    return value
-
-
-
 def _message_schema(schema: dict[str, Any]) -> None:
     """Say in the JSON schema what ``ChatMessage`` checks across fields: ``tool_call_id`` exactly
     on tool messages."""
@@ -64,7 +56,8 @@ class ChatMessage(Schema):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     # A string is one text part; the parts' texts are joined (see ``text``). An assistant message
     # that only calls tools may leave it out or null.
-    content: Annotated[list[ContentPart], BeforeValidator(_text_as_parts, json_schema_input_type=str | list[ContentPart])]
+    content: Annotated[list[ContentPart], BeforeValidator(text_as_parts("text", "content parts"),
+                                                          json_schema_input_type=str | list[ContentPart])]
     name: str | None = None
     tool_calls: list[AssistantToolCall] = []
     tool_call_id: str | None = None

@@ -22,7 +22,18 @@ from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, Val
 
 import server.openai.limits as limits
 from server.http.jsonio import loads_bounded
-from server.openai.schemas.base import INT64_MAX, SEED_MAX, SEED_MIN, Schema, invalid, only_off, schema_within_caps, unsupported
+from server.openai.schemas.base import (
+    INT64_MAX,
+    SEED_MAX,
+    SEED_MIN,
+    Schema,
+    fields_fit_the_type,
+    invalid,
+    only_off,
+    schema_within_caps,
+    text_as_parts,
+    unsupported,
+)
 from server.openai.schemas.chat import MAX_TOOLS
 from server.tools.schema import FUNCTION_NAME, FunctionName, FunctionParameters
 
@@ -56,15 +67,8 @@ class ResponsesContentPart(Schema):
         return value
 
 
-def _text_as_parts(value: Any) -> Any:
-    if isinstance(value, str):
-        return [{"type": "input_text", "text": value}]
-    if not isinstance(value, list):
-        raise invalid("must be a string or an array of content parts.")
-    return value
-
-
-TextParts = Annotated[list[ResponsesContentPart], BeforeValidator(_text_as_parts, json_schema_input_type=str | list[ResponsesContentPart])]
+TextParts = Annotated[list[ResponsesContentPart], BeforeValidator(text_as_parts("input_text", "content parts"),
+                                                    json_schema_input_type=str | list[ResponsesContentPart])]
 
 
 def _item_type(value: Any) -> Any:
@@ -97,15 +101,9 @@ class InputItem(Schema):
     def _fields_fit_the_type(self) -> InputItem:
         need = {"message": ("role", "content"), "function_call": ("call_id", "name", "arguments"),
                 "function_call_output": ("call_id", "output")}[self.type]
-        missing = [name for name in need if getattr(self, name) is None]
-        if missing:
-            raise invalid("is a {kind} item without {missing}.", kind=self.type, missing=", ".join(f"'{m}'" for m in missing))
-        others = {"role", "content", "call_id", "name", "arguments", "output"} - set(need)
-        if self.type == "function_call_output":
-            others.discard("name")  # an output may repeat its call's name
-        extra = sorted(name for name in others if getattr(self, name) is not None)
-        if extra:
-            raise invalid("is a {kind} item, which has no {extra}.", kind=self.type, extra=", ".join(f"'{e}'" for e in extra))
+        # an output may repeat its call's name
+        fields_fit_the_type(self, self.type, "item", need, ("role", "content", "call_id", "name", "arguments", "output"),
+                            also=("name",) if self.type == "function_call_output" else ())
         if self.arguments is not None:
             try:
                 parsed = loads_bounded(self.arguments)
