@@ -21,6 +21,26 @@ from tests.helpers.models import load
 from tests.helpers.runners import region, slot_runner
 
 PROMPT = "def quicksort(arr):\n    <|im_start|>  x"
+
+
+def assert_served_is_converted(served, converted, prompt: str) -> torch.Tensor:
+    """The model served from the file is the converted one: config, token ids, chat template and
+    the block kernels' logits (``torch.equal``; the served side also runs the embedding's blocks).
+    Returns the logits of ``prompt``."""
+    ignore = {"_name_or_path", "architectures", "_model_name_or_path"}
+    assert {k: v for k, v in served.model.config.to_dict().items() if k not in ignore} == \
+        {k: v for k, v in converted.model.config.to_dict().items() if k not in ignore}
+    ids = served.tokenizer(prompt)["input_ids"]
+    assert ids == converted.tokenizer(prompt)["input_ids"]
+    assert served.tokenizer.chat_template == converted.tokenizer.chat_template
+    vocab = served.model.config.vocab_size
+    got = slot_runner(served.model, 2, 64, vocab_size=vocab, quantize="gguf")
+    ref = slot_runner(converted.model, 2, 64, vocab_size=vocab, quantize="gguf")
+    assert got.path == "native" and got.block_layers == ref.block_layers + 1
+    items = [ForwardItem(region(0, 64), 0, ids, len(ids))]
+    logits = got.forward(items)
+    assert torch.equal(logits, ref.forward(items))
+    return logits
 # 27 tokens of the tiny Phi-3 vocabulary: past PHI4_ORIGINAL, so both LongRoPE factor sets are used
 PHI3_PROMPT = "<|user|>\ndef fibonacci(n):\n    return sorted(arr) if n else x<|end|>\n<|assistant|>\n"
 PHI4_ORIGINAL = 16  # the tiny Phi-4-mini's original_max_position_embeddings
@@ -62,19 +82,7 @@ def test_served_from_the_file_is_the_converted_model(smol_gguf, tmp_path):
     assert served.path == smol_gguf
     assert not cache.exists() or not any(cache.rglob("*"))
     assert {p.numel() for p in served.model.model.layers[0].self_attn.q_proj.parameters()} == {0}  # blocks only
-    converted = load(smol_gguf)
-    ignore = {"_name_or_path", "architectures", "_model_name_or_path"}
-    assert {k: v for k, v in served.model.config.to_dict().items() if k not in ignore} == \
-        {k: v for k, v in converted.model.config.to_dict().items() if k not in ignore}
-    ids = served.tokenizer(PROMPT)["input_ids"]
-    assert ids == converted.tokenizer(PROMPT)["input_ids"]
-    assert served.tokenizer.chat_template == converted.tokenizer.chat_template
-    vocab = served.model.config.vocab_size
-    got = slot_runner(served.model, 2, 64, vocab_size=vocab, quantize="gguf")
-    ref = slot_runner(converted.model, 2, 64, vocab_size=vocab, quantize="gguf")
-    assert got.path == "native" and got.block_layers == ref.block_layers + 1  # + the embedding's blocks
-    items = [ForwardItem(region(0, 64), 0, ids, len(ids))]
-    assert torch.equal(got.forward(items), ref.forward(items))
+    assert_served_is_converted(served, load(smol_gguf), PROMPT)
 
 
 @pytest.mark.slow
@@ -146,20 +154,8 @@ def test_phi3_from_the_file(name, request, tmp_path):
     assert not cache.exists() or not any(cache.rglob("*"))
     attn = served.model.model.layers[0].self_attn
     assert {p.numel() for p in (*attn.qkv_proj.parameters(), *served.model.model.layers[0].mlp.gate_up_proj.parameters())} == {0}
-    converted = load(path)
-    ignore = {"_name_or_path", "architectures", "_model_name_or_path"}
-    assert {k: v for k, v in served.model.config.to_dict().items() if k not in ignore} == \
-        {k: v for k, v in converted.model.config.to_dict().items() if k not in ignore}
-    ids = served.tokenizer(PHI3_PROMPT)["input_ids"]
-    assert ids == converted.tokenizer(PHI3_PROMPT)["input_ids"] and len(ids) > PHI4_ORIGINAL
-    assert served.tokenizer.chat_template == converted.tokenizer.chat_template
-    vocab = served.model.config.vocab_size
-    got = slot_runner(served.model, 2, 64, vocab_size=vocab, quantize="gguf")
-    ref = slot_runner(converted.model, 2, 64, vocab_size=vocab, quantize="gguf")
-    assert got.path == "native" and got.block_layers == ref.block_layers + 1  # + the embedding's blocks
-    items = [ForwardItem(region(0, 64), 0, ids, len(ids))]
-    logits = got.forward(items)
-    assert torch.isfinite(logits).all() and torch.equal(logits, ref.forward(items))
+    assert len(served.tokenizer(PHI3_PROMPT)["input_ids"]) > PHI4_ORIGINAL
+    assert torch.isfinite(assert_served_is_converted(served, load(path), PHI3_PROMPT)).all()
 
 
 def test_phi3_converted_is_transformers_own_reading(phi3_gguf):
