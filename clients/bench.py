@@ -96,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     g.add_argument("--quantize", default="auto", choices=["auto", "none", "int8", "gguf"],
                    help="the servers' --quantize (default auto: on the CPU a GGUF model's own blocks, else "
-                        "per-row int8); the transformers baselines get torch's dynamic int8 for int8 and "
+                        "Q8_0 blocks made at load); the transformers baselines get torch's dynamic int8 for int8 and "
                         "gguf, its closest equivalent")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-seqs", type=int, default=None, help="default: the largest concurrency level")
