@@ -86,6 +86,9 @@ def tiny_draft(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path) -> P
     return truncated_copy(tiny_target, tmp_path_factory.mktemp("tiny_draft"), keep_layers=1)
 
 
+_OWN_CACHE: list[str] = []  # the cache directory this run made, removed when it ends
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Give the whole run (and servers it spawns) one private cache for converted GGUF weights."""
     import os
@@ -93,4 +96,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if "SPECDEC_CACHE_DIR" not in os.environ:
         os.environ["SPECDEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="specdec-test-cache-")
+        _OWN_CACHE.append(os.environ["SPECDEC_CACHE_DIR"])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the run's cache (the default pair's assembled GGUF files alone are 1.6 GB): left
+    behind, every run on a developer's machine kept one."""
+    import shutil
+
+    for path in _OWN_CACHE:
+        shutil.rmtree(path, ignore_errors=True)
 
