@@ -23,6 +23,20 @@ from tests.helpers.runners import region, slot_runner
 PROMPT = "def quicksort(arr):\n    <|im_start|>  x"
 
 
+
+def converted_and_transformers_reading(path: Path):
+    """The converted model of ``path`` and transformers' own GGUF reading of it, after checking
+    that they hold the same tensors, name for name and bit for bit."""
+    from transformers import AutoModelForCausalLM
+
+    converted = load(path)
+    reference = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                     dtype=torch.float32, attn_implementation="sdpa").eval()
+    ours, theirs = converted.model.state_dict(), reference.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+    return converted, reference
+
 def assert_served_is_converted(served, converted, prompt: str) -> torch.Tensor:
     """The model served from the file is the converted one: config, token ids, chat template and
     the block kernels' logits (``torch.equal``; the served side also runs the embedding's blocks).
@@ -90,14 +104,8 @@ def test_converted_checkpoint_is_transformers_own_reading(smol_gguf):
     """The fp32 checkpoint written for the other modes (read and dequantized here, not by
     transformers' slower loader) holds exactly what transformers' GGUF loading gives, tensor for
     tensor, and with its config gives the same logits."""
-    from transformers import AutoModelForCausalLM
 
-    converted = load(smol_gguf)
-    reference = AutoModelForCausalLM.from_pretrained(str(smol_gguf.parent), gguf_file=smol_gguf.name,
-                                                     dtype=torch.float32, attn_implementation="sdpa").eval()
-    ours, theirs = converted.model.state_dict(), reference.state_dict()
-    assert ours.keys() == theirs.keys()
-    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+    converted, reference = converted_and_transformers_reading(smol_gguf)
     ids = converted.tokenizer("def fibonacci(n):\n    return", return_tensors="pt").input_ids
     with torch.no_grad():
         assert torch.equal(converted.model(ids).logits, reference(ids).logits)
@@ -162,17 +170,12 @@ def test_phi3_converted_is_transformers_own_reading(phi3_gguf):
     """A Phi-3 without LongRoPE: the converted model is transformers' GGUF reading, config, tensor
     for tensor (the fused qkv and gate_up rows in the file's order) and logits, and the tokenizer
     its GGUF tokenizer (Phi-3's sentencepiece normalizer, control tokens, chat template)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    converted = load(phi3_gguf)
-    reference = AutoModelForCausalLM.from_pretrained(str(phi3_gguf.parent), gguf_file=phi3_gguf.name,
-                                                     dtype=torch.float32, attn_implementation="sdpa").eval()
+    converted, reference = converted_and_transformers_reading(phi3_gguf)
     ignore = {"_name_or_path", "architectures", "_model_name_or_path", "dtype", "quantization_config"}
     assert {k: v for k, v in converted.model.config.to_dict().items() if k not in ignore} == \
         {k: v for k, v in reference.config.to_dict().items() if k not in ignore}
-    ours, theirs = converted.model.state_dict(), reference.state_dict()
-    assert ours.keys() == theirs.keys()
-    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
     tokenizer = AutoTokenizer.from_pretrained(str(phi3_gguf.parent), gguf_file=phi3_gguf.name)
     ids = tokenizer(PHI3_PROMPT, return_tensors="pt").input_ids
     assert ids[0].tolist() == converted.tokenizer(PHI3_PROMPT)["input_ids"]
@@ -186,20 +189,15 @@ def test_phi3_longrope_is_the_model_the_file_was_written_from(phi4_gguf):
     loading drops (it reads the tensors, tensor for tensor the converted ones, under plain
     full-width RoPE): the converted model gives the logits of transformers' Phi-3 with the config
     the file was written from, below the original context (short factors) and past it (long)."""
-    from transformers import AutoModelForCausalLM, Phi3Config, Phi3ForCausalLM
+    from transformers import Phi3Config, Phi3ForCausalLM
 
-    converted = load(phi4_gguf)
-    reference = AutoModelForCausalLM.from_pretrained(str(phi4_gguf.parent), gguf_file=phi4_gguf.name,
-                                                     dtype=torch.float32, attn_implementation="sdpa").eval()
-    ours, theirs = converted.model.state_dict(), reference.state_dict()
-    assert ours.keys() == theirs.keys()
-    assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
+    converted, reference = converted_and_transformers_reading(phi4_gguf)
     rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
             "original_max_position_embeddings": PHI4_ORIGINAL, "long_factor": PHI4_LONG, "short_factor": PHI4_SHORT}
     assert converted.model.config.rope_parameters == rope
     truth = Phi3ForCausalLM(Phi3Config(**{**reference.config.to_dict(), "rope_parameters": rope,
                                           "original_max_position_embeddings": PHI4_ORIGINAL}))
-    truth.load_state_dict(theirs)
+    truth.load_state_dict(reference.state_dict())
     truth.eval()
     ids = converted.tokenizer(PHI3_PROMPT, return_tensors="pt").input_ids
     with torch.no_grad():
