@@ -22,6 +22,10 @@ speculation (several tokens per step) and plain decoding stop at the same place.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
+import tokenizers
 from transformers import PreTrainedTokenizerBase
 
 from specdec_core.decoding.stop_strings import StopScanner
@@ -29,9 +33,23 @@ from specdec_core.decoding.stop_strings import StopScanner
 REPLACEMENT_CHAR = "\ufffd"
 
 
+def text_of(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
+    """``tokenizer.decode(ids, skip_special_tokens=True)`` as a function of ``ids``.
+
+    For a fast tokenizer that does no clean-up of the text (every tokenizer specdec has met), the
+    Rust tokenizer's own ``decode``: the same text without transformers' argument conversion
+    around it, which cost more than the decoding itself (a request decodes a few short windows
+    per step)."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if isinstance(backend, tokenizers.Tokenizer) and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return partial(backend.decode, skip_special_tokens=True)
+    return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True))
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str]) -> None:
         self.tokenizer = tokenizer
+        self._text_of = text_of(tokenizer)
         self.stops = StopScanner(stop) if stop else None
         self.token_ids: list[int] = []
         self._pieces: list[str] = []  # the deltas returned so far
@@ -54,7 +72,7 @@ class IncrementalDetokenizer:
         return len(self._pending)
 
     def _decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        return self._text_of(ids) if ids else ""
 
     def add(self, new_ids: list[int]) -> tuple[str, int | None]:
         """Add tokens; return ``(delta_text, n_kept)``.

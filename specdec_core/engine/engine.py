@@ -15,10 +15,10 @@ Everything here runs on the engine thread; ``AsyncEngine`` is the thread-safe fa
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import time
-import uuid
 from dataclasses import dataclass
 
 import torch
@@ -152,7 +152,8 @@ class Engine:
                                    self.kv.block_size, config.enable_prefix_caching,
                                    share_outputs=all(r.rows_alone for r in (self.target, self.draft_runner) if r))
         self.metrics = EngineMetrics()
-        self._seed_rng = torch.Generator().manual_seed(config.seed if config.seed is not None else int(time.time_ns() % 2**31))
+        self._seed_rng = random.Random(config.seed if config.seed is not None else time.time_ns())  # unseeded requests'
+        self._request_numbers = itertools.count()  # ids of requests that come without one
         self.costs, self.cost_cache = step_costs(config, self.target, self.draft_runner, target, draft,
                                                  profile, 1 + self.num_speculative_tokens)
         self.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
@@ -185,11 +186,9 @@ class Engine:
         if not ids:
             raise ValueError("prompt is empty")
         if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}; "
-                "it must leave room for at least one generated token"
-            )
-        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+            raise ValueError(f"prompt has {len(ids)} tokens but max_model_len is {self.max_model_len}; "
+                             "it must leave room for at least one generated token")
+        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(62)
         k = self.num_speculative_tokens
         if params.num_speculative_tokens is not None:
             k = min(k, params.num_speculative_tokens)
@@ -197,7 +196,7 @@ class Engine:
             k = 0  # the prompt is only scored: nothing to draft for
         ban = sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)) if params.min_tokens else []
         return Request(
-            request_id or uuid.uuid4().hex, ids, params, random.Random(seed),
+            request_id or f"req-{next(self._request_numbers)}", ids, params, random.Random(seed),
             IncrementalDetokenizer(self.tokenizer, params.stop), k,
             ngram=self.ngram.new_index() if self.ngram is not None else None,
             suffix=self.suffix.new_index() if self.suffix is not None else None,

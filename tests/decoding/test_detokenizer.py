@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec_core.decoding.detokenizer import IncrementalDetokenizer
+from specdec_core.decoding.detokenizer import IncrementalDetokenizer, text_of
 
 TEXT = "Grüße 👋🏽 from 東京! naïve café — ∑x² ✓ 🤖🤖 def f(x):\n    return x  # ок ünïcödé"
 
@@ -26,6 +26,18 @@ def pool(tok) -> list[int]:
     byte_ids = [i for i in range(len(tok)) if "\ufffd" in tok.decode([i])][:200]
     assert byte_ids, "the tokenizer has no partial-character tokens to test with"
     return ids + byte_ids + list(tok.all_special_ids) + list(range(0, len(tok), 97))
+
+
+def test_text_of_is_the_tokenizers_decode_with_or_without_its_clean_up(tok, pool) -> None:
+    """The Rust decoder stands in for ``tokenizer.decode`` only where the text is the same: a
+    tokenizer that cleans up its text keeps transformers' decode."""
+    import copy
+
+    ids = pool[:120] + tok.encode("a , b . c 's ?", add_special_tokens=False)
+    assert text_of(tok)(ids) == tok.decode(ids, skip_special_tokens=True)
+    cleaning = copy.deepcopy(tok)
+    cleaning.clean_up_tokenization_spaces = True
+    assert text_of(cleaning)(ids) == cleaning.decode(ids, skip_special_tokens=True)
 
 
 def run(tok, ids: list[int], chunks: list[int], stop: list[str]) -> tuple[str, int | None, int]:
