@@ -25,10 +25,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # ``ServerProcess(..., entry=HELD_STEP_ENTRY)``: ``specdec serve`` with the test hooks of
 # tests/helpers/held_step_server.py (held steps and loads, per-request faults), run from REPO_ROOT.
 HELD_STEP_ENTRY = ["-m", "tests.helpers.held_step_server"]
-# The Responses and Messages tests' server (tests/server/conftest.py's ``keyed_server``): an API key
-# and a small response store, so the key and eviction are the real server's.
+# The keyed server (tests/server/conftest.py's ``keyed_server``), shared by the Responses, Messages,
+# CORS and chat-page tests: an API key, a small response store (so the key and eviction are the real
+# server's), browser origins allowed, and the draft model as the only proposer (the page colours it).
 KEYED_API_KEY = "sk-test-responses-8d41c07e"
 KEYED_STORE_ENTRIES = 3
+KEYED_ORIGIN = "http://app.example:3000"
 
 
 def free_port() -> int:

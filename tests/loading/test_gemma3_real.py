@@ -1,13 +1,16 @@
 """The real Gemma 3 270M (Q4_K_M GGUF from PyPI) on the native path: its sliding-window and
 global layers, query/key norms, sandwich norms and GELU gate computed as transformers computes
-them (greedy tokens equal in fp32), and its quantized blocks served by the block kernels."""
+them (greedy tokens equal in fp32), its quantized blocks served by the block kernels, and the
+model served straight from the file equal to the converted one."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.forward_plan import ForwardItem
+from specdec_core.loading.loader import load_model
 from tests.helpers.models import load
 from tests.helpers.runners import region, slot_runner
 
@@ -67,3 +70,18 @@ def test_native_fp32_rows_past_the_window_equal_transformers(gemma):
         ref = gemma.model(torch.tensor([ids])).logits[0, -40:].float()
     got = run.forward([ForwardItem(region(0, 1024), 0, ids, 40)])
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=2e-3)
+
+
+def test_served_from_the_file_is_the_converted_model(gemma, gemma3_gguf, tmp_path):
+    """Gemma 3's norms (stored with llama.cpp's +1), tied head and sliding windows from the file:
+    the converted model's logits (``gemma``), bit for bit, without writing anything."""
+    cache = tmp_path / "cache"
+    served = load_model(str(gemma3_gguf), role="target",
+                        profile=DeviceProfile.decide("cpu", "float32", "gguf"), cache_dir=cache, progress=False)
+    assert not cache.exists() or not any(cache.rglob("*"))
+    ids = served.tokenizer("<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n")["input_ids"]
+    vocab = served.model.config.vocab_size
+    got = slot_runner(served.model, 2, 64, vocab_size=vocab, quantize="gguf")
+    ref = slot_runner(gemma.model, 2, 64, vocab_size=vocab, quantize="gguf")
+    items = [ForwardItem(region(0, 64), 0, ids, len(ids))]
+    assert torch.equal(got.forward(items), ref.forward(items))

@@ -119,22 +119,6 @@ def test_other_modes_take_the_converted_path(smol_gguf):
 
 
 @pytest.mark.slow
-def test_gemma3_from_the_file(gemma3_gguf, tmp_path):
-    """Gemma 3's norms (stored with llama.cpp's +1), tied head and sliding windows from the file:
-    the converted model's logits, bit for bit, in a few seconds and without writing anything."""
-    cache = tmp_path / "cache"
-    served = load_model(str(gemma3_gguf), role="target",
-                        profile=DeviceProfile.decide("cpu", "float32", "gguf"), cache_dir=cache, progress=False)
-    assert not cache.exists() or not any(cache.rglob("*"))
-    converted = load(gemma3_gguf)
-    ids = served.tokenizer("<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n")["input_ids"]
-    vocab = served.model.config.vocab_size
-    got = slot_runner(served.model, 2, 64, vocab_size=vocab, quantize="gguf")
-    ref = slot_runner(converted.model, 2, 64, vocab_size=vocab, quantize="gguf")
-    items = [ForwardItem(region(0, 64), 0, ids, len(ids))]
-    assert torch.equal(got.forward(items), ref.forward(items))
-
-
 def test_a_draft_head_over_part_of_the_vocabulary(smol_gguf, tmp_path):
     """A draft's frequent-vocabulary head (``head_rows``) of a file-served model takes those rows of
     the tied head's blocks: its logits are the full head's for those ids, -inf elsewhere."""

@@ -1,6 +1,6 @@
 """The chat page at ``/`` in a real browser: Debian's headless Chromium, driven by Playwright (the
 ``playwright`` Python package, launched on ``/usr/bin/chromium``: no browser download), against a
-real ``specdec serve`` of the tiny draft pair with ``--api-key``.
+real ``specdec serve`` of the tiny draft pair with an API key (the shared ``keyed_server``).
 
 Every wait is on the page's DOM (an answer's ``data-state``), never a sleep; the timeouts only bound
 a run that something broke, so a slow machine passes too. ``SPECDEC_CHAT_SCREENSHOT=path`` also
@@ -20,27 +20,13 @@ import httpx
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
-from tests.helpers.servers import ServerProcess, tiny_args
+from tests.helpers.servers import KEYED_API_KEY as KEY
+from tests.helpers.servers import ServerProcess
 
-KEY = "sk-chat-page-5e1d0c9a"
 CHROMIUM = "/usr/bin/chromium"
 # Generous: they bound a broken run; a working one ends as soon as the DOM says so.
 WAIT_MS = 300_000
 SOURCES = {"draft", "ngram", "target"}
-
-
-@pytest.fixture(scope="module")
-def keyed_server(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    # The draft model only (auto may as well take a lookup): the page must show its colour.
-    srv = ServerProcess(tiny_args(tiny_target, tiny_draft, "--speculative-method", "draft"),
-                        tmp_path_factory.mktemp("chat_page") / "server.log",
-                        env={"SPECDEC_API_KEY": KEY})
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        rc = srv.terminate(timeout=20)
-    assert rc == 0
 
 
 @pytest.fixture(scope="module")
