@@ -103,10 +103,12 @@ def split_single_rows(segments: list[Segment]) -> tuple[list[Segment], RowAttent
         return multi, None
     offsets: dict[int, int] = {}
     gathers: list[torch.Tensor] = []
+    gathered = 0  # the rows of ``gathers`` so far (summing them again per group made this quadratic)
     for s in single:
         if s.gather is not None and s.group not in offsets:
-            offsets[s.group] = sum(len(g) for g in gathers)
+            offsets[s.group] = gathered
             gathers.append(s.gather)
+            gathered += len(s.gather)
     rows, kv_len, base, first = torch.tensor(
         [[s.row, s.kv_len, s.base, offsets.get(s.group, -1) if s.gather is not None else -1] for s in single],
         dtype=torch.int64).T.contiguous()
