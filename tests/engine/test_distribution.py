@@ -108,9 +108,12 @@ def test_speculative_samples_match_target_distribution(tiny_vocab_pair, params, 
     probs = exact_two_token_distribution(target.model, params, quantize)
     assert chi_square_p(draw(target, draft, params, quantize), probs) > 1e-3
 
-    # Negative control: the same test rejects a sampler that is wrong after a rejection.
-    monkeypatch.setattr(verifier_module, "verify", biased_verify)
-    assert chi_square_p(draw(target, draft, params, quantize), probs) < 1e-3
+    # Negative control: the same test rejects a sampler that is wrong after a rejection. Once per
+    # warping is enough: the quantized modes run the same verification over nearly the same
+    # distributions, so they would show the test's power again, not the sampler's exactness.
+    if quantize == "none":
+        monkeypatch.setattr(verifier_module, "verify", biased_verify)
+        assert chi_square_p(draw(target, draft, params, quantize), probs) < 1e-3
 
 
 def with_blocks(loaded, qtype: GGMLQuantizationType = GGMLQuantizationType.Q4_0):
@@ -134,10 +137,10 @@ def with_blocks(loaded, qtype: GGMLQuantizationType = GGMLQuantizationType.Q4_0)
 
 
 @pytest.mark.slow
-def test_gguf_blocks_keep_the_target_distribution(tiny_vocab_pair, monkeypatch):
+def test_gguf_blocks_keep_the_target_distribution(tiny_vocab_pair):
     """``--quantize gguf`` (the CPU default for GGUF models): both models served from Q4_0
     blocks through the block kernels; speculative samples follow the block model's exact
-    distribution, and the test still sees the biased sampler."""
+    distribution (the negative control of the unquantized case covers this one's power)."""
     (target, attach_target), (draft, attach_draft) = (with_blocks(m) for m in tiny_vocab_pair)
     params = SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True)
     attach_target()
@@ -152,8 +155,6 @@ def test_gguf_blocks_keep_the_target_distribution(tiny_vocab_pair, monkeypatch):
         return draw(target, draft, params, "gguf")
 
     assert chi_square_p(gguf_draw(), probs) > 1e-3
-    monkeypatch.setattr(verifier_module, "verify", biased_verify)
-    assert chi_square_p(gguf_draw(), probs) < 1e-3
 
 
 @pytest.mark.slow
