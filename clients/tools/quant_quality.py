@@ -51,9 +51,10 @@ def compare(loaded, per_kind: int, continue_tokens: int, mode: str = "gguf") -> 
     agree = kl = positions = 0.0
     for ids in texts(loaded.tokenizer, per_kind):
         seq = list(ids)
-        for _ in range(continue_tokens):  # the fp32 model's own greedy continuation
-            logits = runners["none"].forward([ForwardItem(region(0, 2048, 16), 0, seq, 1)])
+        logits = runners["none"].forward([ForwardItem(region(0, 2048, 16), 0, seq, 1)])
+        for _ in range(continue_tokens):  # the fp32 model's own greedy continuation, decoded on its cache
             seq.append(int(logits[0].argmax()))
+            logits = runners["none"].forward([ForwardItem(region(0, 2048, 16), len(seq) - 1, seq[-1:], 1)])
         fp32 = runners["none"].forward([ForwardItem(region(0, 2048, 16), 0, seq, len(seq))])
         quant = runners[mode].forward([ForwardItem(region(0, 2048, 16), 0, seq, len(seq))])
         lp, lq = torch.log_softmax(fp32, -1), torch.log_softmax(quant, -1)

@@ -3,11 +3,13 @@ directory) and a later one (the same directory), for any model argument.
 
     python clients/tools/startup.py --model path/to/model.gguf [--model other.gguf] [--runs 2] [-- serve flags]
     python clients/tools/startup.py --model default          # the embedded pair (no --model)
+    python clients/tools/startup.py --model m.gguf --peer build/bin/llama-server --peer-arg=-t --peer-arg=2
 
 Each start is a fresh process on a free loopback port, polled on ``/health`` until it answers
 200; "peak RSS" is the server process's VmHWM at that moment, "written" the bytes under its
-``SPECDEC_CACHE_DIR`` (the cache is the only place specdec writes to). Peers (``llama-server``)
-are timed by hand on the same file in the same run; compare only numbers from one run.
+``SPECDEC_CACHE_DIR`` (the cache is the only place specdec writes to). ``--peer`` starts
+llama.cpp's ``llama-server`` on the same GGUF file after ours, ``--runs`` times, timed the same
+way (its ``/health`` answers 503 until the model is loaded); compare only numbers from one run.
 """
 
 from __future__ import annotations
@@ -41,13 +43,8 @@ def peak_rss(pid: int) -> int:
     return 0
 
 
-def start(model: str, cache: Path, extra: list[str], timeout: float) -> dict:
-    """One start to ready: seconds, peak RSS and cache bytes after it."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port), *extra]
-    if model != "default":
-        cmd += ["--model", model]
-    env = {**os.environ, "SPECDEC_CACHE_DIR": str(cache)}
+def time_to_ready(cmd: list[str], port: int, env: dict[str, str], timeout: float) -> dict:
+    """Start ``cmd`` (a server on ``port``) and poll its ``/health`` until 200: seconds and peak RSS."""
     began = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -63,11 +60,27 @@ def start(model: str, cache: Path, extra: list[str], timeout: float) -> dict:
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.2)
-        ready = time.monotonic() - began
-        return {"ready_s": ready, "peak_rss": peak_rss(proc.pid), "written": tree_bytes(cache)}
+        return {"ready_s": time.monotonic() - began, "peak_rss": peak_rss(proc.pid)}
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def start(model: str, cache: Path, extra: list[str], timeout: float) -> dict:
+    """One ``specdec serve`` start to ready: seconds, peak RSS and cache bytes after it."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port), *extra]
+    if model != "default":
+        cmd += ["--model", model]
+    ready = time_to_ready(cmd, port, {**os.environ, "SPECDEC_CACHE_DIR": str(cache)}, timeout)
+    return {**ready, "written": tree_bytes(cache)}
+
+
+def start_peer(peer: str, model: str, extra: list[str], timeout: float) -> dict:
+    """One ``llama-server`` start on the same file (it writes nothing)."""
+    port = free_port()
+    cmd = [peer, "-m", model, "--host", "127.0.0.1", "--port", str(port), *extra]
+    return {**time_to_ready(cmd, port, dict(os.environ), timeout), "written": 0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", action="append", required=True, help="a model argument, or 'default'")
     parser.add_argument("--runs", type=int, default=2, help="starts per model: the first on an empty cache")
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument("--peer", default=None, help="a llama-server binary, started on each .gguf model after ours")
+    parser.add_argument("--peer-arg", action="append", default=[], help="an argument for the peer (repeatable)")
     parser.add_argument("serve_args", nargs="*", help="flags passed to specdec serve (after --)")
     args = parser.parse_args(argv)
     print(f"{'model':40} {'start':>6} {'ready s':>8} {'peak RSS GB':>12} {'written MB':>11} {'file MB':>8}")
@@ -83,9 +98,17 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="specdec-startup-") as tmp:
             for run in range(args.runs):
                 r = start(model, Path(tmp), args.serve_args, args.timeout)
-                print(f"{Path(model).name:40} {'first' if run == 0 else 'later':>6} {r['ready_s']:8.1f} "
-                      f"{r['peak_rss'] / 1e9:12.2f} {r['written'] / 1e6:11.1f} {size:8.0f}", flush=True)
+                print(row(Path(model).name, "first" if run == 0 else "later", r, size), flush=True)
+        if args.peer and model.endswith(".gguf"):
+            for _ in range(args.runs):
+                print(row(f"llama-server {Path(model).name}", "", start_peer(args.peer, model, args.peer_arg, args.timeout),
+                          size), flush=True)
     return 0
+
+
+def row(name: str, which: str, r: dict, size: float) -> str:
+    return (f"{name:40} {which:>6} {r['ready_s']:8.1f} {r['peak_rss'] / 1e9:12.2f} {r['written'] / 1e6:11.1f} "
+            f"{size:8.0f}")
 
 
 if __name__ == "__main__":
