@@ -48,7 +48,6 @@ def text_of(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[int]], str]:
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str]) -> None:
-        self.tokenizer = tokenizer
         self._text_of = text_of(tokenizer)
         self.stops = StopScanner(stop) if stop else None
         self.token_ids: list[int] = []

@@ -23,7 +23,6 @@ from tests.helpers.runners import region, slot_runner
 PROMPT = "def quicksort(arr):\n    <|im_start|>  x"
 
 
-
 def converted_and_transformers_reading(path: Path):
     """The converted model of ``path`` and transformers' own GGUF reading of it, after checking
     that they hold the same tensors, name for name and bit for bit."""
@@ -36,6 +35,7 @@ def converted_and_transformers_reading(path: Path):
     assert ours.keys() == theirs.keys()
     assert [k for k in ours if not torch.equal(ours[k], theirs[k])] == []
     return converted, reference
+
 
 def assert_served_is_converted(served, converted, prompt: str) -> torch.Tensor:
     """The model served from the file is the converted one: config, token ids, chat template and
