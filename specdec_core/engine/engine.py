@@ -68,7 +68,7 @@ class Completion:
 
 def _profile(config: EngineConfig, model: HFModule | None = None) -> DeviceProfile:
     """The device profile of ``config``'s flags; for models already loaded, on their device and dtype."""
-    flags = (config.quantize, config.attention, config.decode_graphs)
+    flags = (config.quantize, config.attention, config.decode_graphs, config.kernels)
     return DeviceProfile.decide(config.device, config.dtype, *flags) if model is None else DeviceProfile.of_model(model, *flags)
 
 

@@ -41,6 +41,7 @@ def step_costs(config: EngineConfig, target: ModelRunner, draft: ModelRunner | N
         "quantize": profile.kernels,
         # the C kernels run the block layers (gguf) and the row-wise ops (CPU float32): a new build, new costs
         "kernels": gguf_kernels.build() if profile.kernels == "gguf" or profile.row_kernels else None,
+        "kernel_set": gguf_kernels.active_kernels() if profile.kernels == "gguf" or profile.row_kernels else None,
         "attention": profile.attention, "path": target.path,
         "dtype": str(profile.dtype), "device": profile.device.type, "machine": machine(),
         "max_num_seqs": config.max_num_seqs, "tokens_per_seq": tokens_per_seq, "max_model_len": config.max_model_len,

@@ -103,10 +103,17 @@ class DeviceProfile:
 
     @classmethod
     def decide(cls, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto", quantize: str = "auto",
-               attention: str = "auto", decode_graphs: str = "auto") -> DeviceProfile:
-        """Make every choice from the flags (each ``auto`` by the device), or say why one cannot run."""
+               attention: str = "auto", decode_graphs: str = "auto", kernel_set: str = "auto") -> DeviceProfile:
+        """Make every choice from the flags (each ``auto`` by the device), or say why one cannot run.
+        ``kernel_set`` other than ``auto`` selects the C kernel set for the whole process
+        (``gguf_kernels.select_kernels``); ``auto`` keeps the one it runs (``SPECDEC_KERNELS`` or the best)."""
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
+        if kernel_set != "auto":
+            try:
+                gguf_kernels.select_kernels(kernel_set)
+            except (ValueError, RuntimeError) as exc:
+                raise ProfileError(str(exc)) from exc
         kernels = resolve_kernels(quantize, dev, dt)
         if attention not in ("auto", "segments", "packed"):
             raise ProfileError(f"unknown attention {attention!r}; expected 'auto', 'segments' or 'packed'")
@@ -121,10 +128,10 @@ class DeviceProfile:
 
     @classmethod
     def of_model(cls, model: torch.nn.Module, quantize: str = "auto", attention: str = "auto",
-                 decode_graphs: str = "auto") -> DeviceProfile:
+                 decode_graphs: str = "auto", kernel_set: str = "auto") -> DeviceProfile:
         """The profile for a model already loaded: its parameters' device and dtype."""
         param = next(model.parameters())
-        return cls.decide(param.device, param.dtype, quantize, attention, decode_graphs)
+        return cls.decide(param.device, param.dtype, quantize, attention, decode_graphs, kernel_set)
 
     @property
     def cuda(self) -> bool:
@@ -139,4 +146,12 @@ class DeviceProfile:
         graphs = "CUDA graphs" if self.capture_graphs else "bucketed shapes" if self.decode_graphs else "eager"
         return (f"device {self.device} ({str(self.dtype).removeprefix('torch.')}), linear kernels {self.kernels}, "
                 f"{self.attention} attention, row kernels {'on' if self.row_kernels else 'off'}, "
-                f"decode {graphs}; C library {gguf_kernels.build() if gguf_kernels.available() else 'unavailable'}")
+                f"decode {graphs}; {_c_library()}")
+
+
+def _c_library() -> str:
+    """The C library's part of the log line: its build, the kernel set it runs, what the CPU has."""
+    if not gguf_kernels.available():
+        return "C library unavailable"
+    return (f"C library {gguf_kernels.build()}, kernels {gguf_kernels.active_kernels()} "
+            f"(CPU: {' '.join(gguf_kernels.cpu_features()) or 'none of avx2, avx512'})")

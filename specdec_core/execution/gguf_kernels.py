@@ -40,6 +40,13 @@ CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 # GGML type ids (``gguf.GGMLQuantizationType``) the kernels execute.
 SUPPORTED_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 
+# The kernel sets, best first. ``SPECDEC_KERNELS`` picks one for the process (tests, A/B runs, a host
+# where a path misbehaves); ``auto``, the default, takes the best this CPU and OS support.
+KERNEL_SETS = ("avx2", "portable")
+KERNELS_ENV = "SPECDEC_KERNELS"
+# sd_cpu_features() bits (csrc/gguf_kernels.h): reported at start-up whether or not a kernel set uses them yet
+_CPU_FEATURES = {1: "avx2", 2: "avx512", 4: "avx512-vnni", 8: "amx-int8"}
+
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _error: str | None = None
@@ -61,6 +68,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.sd_gguf_row_bytes.restype = i64
     lib.sd_gguf_set_impl.argtypes = [ctypes.c_int]
     lib.sd_gguf_set_impl.restype = ctypes.c_int
+    lib.sd_cpu_features.argtypes = []
+    lib.sd_cpu_features.restype = ctypes.c_int
+    lib.sd_use_scalar.argtypes = []
+    lib.sd_use_scalar.restype = ctypes.c_int
     lib.sd_gguf_x8_type.argtypes = [ctypes.c_int]
     lib.sd_gguf_x8_type.restype = ctypes.c_int
     lib.sd_gguf_x8_size.argtypes = [ctypes.c_int, i64, i64]
@@ -159,11 +170,13 @@ def library() -> ctypes.CDLL:
                     lib = ctypes.CDLL(str(installed))
                     if CSRC.is_dir() and _built_from(lib) != sources_hash():
                         lib = None  # built from older sources (an editable install): compile afresh
-                _lib = _bind(lib or ctypes.CDLL(str(_compile_into_cache())))
+                lib = _bind(lib or ctypes.CDLL(str(_compile_into_cache())))
                 _one_numpy_blas_thread()
             except (OSError, RuntimeError) as exc:
                 _error = f"GGUF block kernels unavailable: {exc}"
                 raise RuntimeError(_error) from exc
+            _select(lib, os.environ.get(KERNELS_ENV) or "auto")  # a bad value raises ValueError, every time asked
+            _lib = lib
         return _lib
 
 
@@ -205,10 +218,37 @@ def row_bytes(ggml_type: int, in_features: int) -> int:
     return int(library().sd_gguf_row_bytes(ggml_type, in_features))
 
 
-def use_portable_kernels(portable: bool) -> str:
-    """Switch between the portable scalar kernels and the best this CPU runs (tests compare both);
-    returns the active implementation, ``"scalar"`` or ``"avx2"``."""
-    return "scalar" if library().sd_gguf_set_impl(int(portable)) == 1 else "avx2"
+def cpu_features() -> list[str]:
+    """What this CPU and its OS let kernels use (cpuid, the state the OS saves, AMX's permission),
+    whether or not a kernel set uses it yet: logged at start-up, so a log says what a host could run."""
+    return _names(library().sd_cpu_features())
+
+
+def select_kernels(name: str) -> str:
+    """Make ``name`` (one of ``KERNEL_SETS``, or ``auto``: the best this CPU runs) the kernel set of
+    this process and return it; tests compare the sets. ``SPECDEC_KERNELS`` is applied the same
+    way when the library loads. ValueError for a name that is not a set or that this CPU lacks."""
+    return _select(library(), name)
+
+
+def active_kernels() -> str:
+    """The kernel set that runs: ``"avx2"`` or ``"portable"``."""
+    return "portable" if library().sd_use_scalar() else "avx2"
+
+
+def _select(lib: ctypes.CDLL, name: str) -> str:
+    have = [k for k in KERNEL_SETS if k == "portable" or k in _names(lib.sd_cpu_features())]
+    if name != "auto" and name not in KERNEL_SETS:
+        features = set(_CPU_FEATURES.values())
+        what = "specdec has no kernels for it yet" if name in features else "not a kernel set"
+        raise ValueError(f"kernels {name!r} ({KERNELS_ENV}): {what}; this CPU runs: auto, {', '.join(have)}")
+    if name != "auto" and name not in have:
+        raise ValueError(f"kernels {name!r} ({KERNELS_ENV}): this CPU lacks them; it runs: auto, {', '.join(have)}")
+    return "portable" if lib.sd_gguf_set_impl(int(name == "portable")) == 1 else "avx2"
+
+
+def _names(bits: int) -> list[str]:
+    return [name for bit, name in _CPU_FEATURES.items() if bits & bit]
 
 
 def quantize_activations(x: torch.Tensor, k_quant: bool) -> torch.Tensor:

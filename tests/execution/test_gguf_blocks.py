@@ -35,7 +35,7 @@ IMPLS = ["portable", "native"]
 def _kernels():
     gguf_kernels.library()
     yield
-    gguf_kernels.use_portable_kernels(False)
+    gguf_kernels.select_kernels("auto")
 
 
 def quantize_rows(x: np.ndarray, block: int) -> np.ndarray:
@@ -66,7 +66,7 @@ def run(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tensor, thread
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 def test_kernel_equals_dequantized_product(qtype, impl):
-    gguf_kernels.use_portable_kernels(impl == "portable")
+    gguf_kernels.select_kernels("portable" if impl == "portable" else "auto")
     n, k = 40, 768
     blocks = blocks_for(qtype, n, k, seed=int(qtype))
     x = activations(6, k, seed=1)
@@ -81,7 +81,7 @@ def test_kernel_equals_dequantized_product(qtype, impl):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 def test_rows_bit_identical_alone_and_batched(qtype, impl):
-    gguf_kernels.use_portable_kernels(impl == "portable")
+    gguf_kernels.select_kernels("portable" if impl == "portable" else "auto")
     n, k = 37, 512
     blocks = blocks_for(qtype, n, k, seed=7)
     x = activations(16, k, seed=2)
@@ -98,7 +98,7 @@ def test_every_row_count_gives_each_row_the_bits_it_gets_alone(qtype, impl):
     """The layer as the runner builds it (repacked where the active kernels repack): each row of
     an M-row call, M in 1..17 (tiles of several rows plus a remainder), equals that row alone,
     on 1 and 2 threads; 37 outputs leave a partial last group of 8 columns."""
-    gguf_kernels.use_portable_kernels(impl == "portable")
+    gguf_kernels.select_kernels("portable" if impl == "portable" else "auto")
     n, k = 37, 512
     layer = GGUFLinear([BlockWeight(int(qtype), torch.from_numpy(blocks_for(qtype, n, k, seed=11)), k)], None)
     x = activations(17, k, seed=12)
@@ -147,7 +147,7 @@ def run_repacked(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tenso
 def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype):
     """Formats repacked 8 output rows at a time (AVX2 only): same checks as the file's layout, with
     a last group of 5 rows (37 = 4 x 8 + 5)."""
-    if gguf_kernels.use_portable_kernels(False) != "avx2":
+    if gguf_kernels.select_kernels("auto") != "avx2":
         pytest.skip("the repacked layout is used with the AVX2 kernels only")
     n, k = 37, 768
     blocks = blocks_for(qtype, n, k, seed=9)
@@ -160,11 +160,11 @@ def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype):
     for m in (1, 5, 7):
         for start in range(0, 16 - m + 1, 3):
             assert torch.equal(run_repacked(qtype, blocks, x[start:start + m]), full[start:start + m]), (m, start)
-    gguf_kernels.use_portable_kernels(True)  # a repacked weight is refused by the portable kernels
+    gguf_kernels.select_kernels("portable")  # a repacked weight is refused by the portable kernels
     with pytest.raises(ValueError):
         gguf_kernels.gemm(int(T.Q4_K) | 0x100, torch.zeros(1184, dtype=torch.uint8), x[:1], torch.empty(1, 8))
     assert gguf_kernels.repack(int(qtype), torch.from_numpy(blocks), k) is None
-    gguf_kernels.use_portable_kernels(False)
+    gguf_kernels.select_kernels("auto")
 
 
 @pytest.mark.parametrize("k_quant", [True, False], ids=["act_k", "act_32"])
@@ -172,7 +172,7 @@ def test_avx2_and_portable_activation_quantizers_make_the_same_bytes(k_quant):
     """Every GEMM quantizes its rows first; the AVX2 quantizer must be the portable one, bit for
     bit, also on the edges: ties at .5, all-zero blocks, an outlier, NaN and inf, subnormal and
     near-overflow scales."""
-    if gguf_kernels.use_portable_kernels(False) != "avx2":
+    if gguf_kernels.select_kernels("auto") != "avx2":
         pytest.skip("no AVX2 quantizer on this CPU")
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(9, 1024, generator=gen) * torch.logspace(-38, 38, 9).unsqueeze(1).clamp(max=3e38)
@@ -183,21 +183,13 @@ def test_avx2_and_portable_activation_quantizers_make_the_same_bytes(k_quant):
     x[5, 300] = float("inf")
     x[6, 500] = -float("inf")
     x[7] = torch.randn(1024, generator=gen) * 1e-42  # subnormal
-    portable = (gguf_kernels.use_portable_kernels(True), gguf_kernels.quantize_activations(x, k_quant))[1]
-    native = (gguf_kernels.use_portable_kernels(False), gguf_kernels.quantize_activations(x, k_quant))[1]
+    portable = (gguf_kernels.select_kernels("portable"), gguf_kernels.quantize_activations(x, k_quant))[1]
+    native = (gguf_kernels.select_kernels("auto"), gguf_kernels.quantize_activations(x, k_quant))[1]
     assert torch.equal(native, portable), (native != portable).nonzero()[:5].tolist()
 
 
-def test_native_kernels_selected_on_this_cpu():
-    """Documents which implementation the other tests exercised as "native"."""
-    active = gguf_kernels.use_portable_kernels(False)
-    assert active in ("avx2", "scalar")
-    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
-        assert active == "avx2"
-
-
 def test_fused_mixed_formats_equal_parts_and_row_subset():
-    gguf_kernels.use_portable_kernels(False)
+    gguf_kernels.select_kernels("auto")
     k = 512
     q = BlockWeight(int(T.Q4_K), torch.from_numpy(blocks_for(T.Q4_K, 24, k, 3)), k)
     kk = BlockWeight(int(T.Q4_K), torch.from_numpy(blocks_for(T.Q4_K, 8, k, 4)), k)

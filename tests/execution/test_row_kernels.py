@@ -19,12 +19,12 @@ pytestmark = pytest.mark.skipif(not DeviceProfile.decide("cpu", "float32", "none
                                 reason="the row kernels run where the C kernels are built with AVX2")
 
 
-@pytest.fixture(params=["avx2", "scalar"])
+@pytest.fixture(params=["avx2", "portable"])
 def impl(request):
     """Both implementations: the portable one is what a CPU without AVX2 would run."""
-    gguf_kernels.use_portable_kernels(request.param == "scalar")
+    gguf_kernels.select_kernels(request.param)
     yield request.param
-    gguf_kernels.use_portable_kernels(False)
+    gguf_kernels.select_kernels("auto")
 
 
 def test_rms_norm_matches_torch_and_rows_do_not_depend_on_the_batch(impl):

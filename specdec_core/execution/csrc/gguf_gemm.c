@@ -20,14 +20,59 @@ const char *sd_gguf_sources_hash(void) { return SD_SOURCES_HASH; }
 
 static int use_scalar = -1; /* -1: not decided yet */
 
-static int detect_scalar(void) {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"));
+#include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+static uint64_t os_saved_state(void) { /* XCR0: the register state the OS saves on a context switch */
+    uint32_t eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((uint64_t)edx << 32) | eax;
+}
+
+/* Linux hands out AMX tile state only to a process that asks (arch_prctl ARCH_REQ_XCOMP_PERM for
+ * XFEATURE_XTILEDATA); a tile instruction without it is a SIGILL. */
+static int amx_permitted(void) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
 #else
-    return 1;
+    return 0;
 #endif
 }
+#endif
+
+/* What this CPU and its OS let a kernel use, as SD_CPU_* bits: the instructions (cpuid) and the
+ * register state the OS saves for them (XCR0), AMX also its permission. Asked once per process. */
+int sd_cpu_features(void) {
+    static int features = -1;
+    if (features >= 0) return features;
+    int found = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d) && (c & bit_OSXSAVE)) {
+        int fma = !!(c & bit_FMA), f16c = !!(c & bit_F16C);
+        uint64_t xcr0 = os_saved_state();
+        if (__get_cpuid_max(0, 0) >= 7) {
+            __cpuid_count(7, 0, a, b, c, d);
+            if ((xcr0 & 0x6) == 0x6 && (b & bit_AVX2) && fma && f16c) found |= SD_CPU_AVX2;
+            int avx512 = (b & bit_AVX512F) && (b & bit_AVX512BW) && (b & bit_AVX512VL) && (b & bit_AVX512DQ);
+            if ((found & SD_CPU_AVX2) && (xcr0 & 0xE0) == 0xE0 && avx512) {
+                found |= SD_CPU_AVX512;
+                if (c & (1u << 11)) found |= SD_CPU_AVX512_VNNI;
+            }
+            int amx = (d & (1u << 24)) && (d & (1u << 25)); /* AMX-TILE, AMX-INT8 */
+            if (amx && (xcr0 & 0x60000) == 0x60000 && amx_permitted()) found |= SD_CPU_AMX_INT8;
+        }
+    }
+#endif
+    features = found;
+    return features;
+}
+
+static int detect_scalar(void) { return !(sd_cpu_features() & SD_CPU_AVX2); }
 
 /* 0: the best kernels this CPU runs; 1: the portable scalar ones (for tests). Returns the active one. */
 int sd_gguf_set_impl(int scalar) {

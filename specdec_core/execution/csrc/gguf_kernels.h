@@ -74,6 +74,13 @@ void sd_quantize_rows(int kq, const float *x, int64_t k, int64_t m, int64_t ldx,
 tile_fn sd_scalar_tile(int type);
 /* 1 where the portable scalar kernels run (no AVX2/FMA/F16C, or a test asked for them). */
 int sd_use_scalar(void);
+
+/* sd_cpu_features() bits: what the CPU and the OS support, whether or not kernels use it yet. */
+#define SD_CPU_AVX2 1        /* AVX2 + FMA + F16C, YMM state saved */
+#define SD_CPU_AVX512 2      /* AVX-512 F/BW/VL/DQ, ZMM and mask state saved */
+#define SD_CPU_AVX512_VNNI 4
+#define SD_CPU_AMX_INT8 8    /* AMX-TILE + AMX-INT8, tile state saved and granted to this process */
+int sd_cpu_features(void);
 /* Calls fn(job, p) for every part p < parts on up to `threads` threads (gguf_threads.c). */
 typedef void (*part_fn)(const void *job, int part);
 void sd_run_parts(part_fn fn, const void *job, int parts, int threads);

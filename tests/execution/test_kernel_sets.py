@@ -1,0 +1,92 @@
+"""Which C kernel set a process runs: what the CPU and OS support (cpuid, XCR0, AMX's permission),
+``auto`` taking the best of it, ``SPECDEC_KERNELS`` overriding it, and the start-up line saying so.
+The kernels' results on each set are compared bit for bit in test_gguf_blocks.py and test_row_kernels.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec_core.execution import gguf_kernels
+from specdec_core.execution.device_profile import DeviceProfile, ProfileError
+
+pytestmark = pytest.mark.skipif(not gguf_kernels.available(), reason="the C kernels are not built here")
+
+
+def _cpuinfo_flags() -> set[str]:
+    info = Path("/proc/cpuinfo")
+    if not info.is_file():
+        pytest.skip("no /proc/cpuinfo to compare with")
+    line = next((ln for ln in info.read_text().splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+@pytest.fixture(autouse=True)
+def _back_to_auto():
+    yield
+    gguf_kernels.select_kernels("auto")
+
+
+def test_cpu_features_agree_with_what_the_kernel_reports():
+    """Linux lists a feature in /proc/cpuinfo only when the CPU has it and the OS saves its state,
+    which is what ``sd_cpu_features`` checks itself; AMX also needs this process's permission."""
+    flags = _cpuinfo_flags()
+    features = gguf_kernels.cpu_features()
+    assert ("avx2" in features) == ({"avx2", "fma", "f16c"} <= flags)
+    assert ("avx512" in features) == ({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags)
+    assert ("avx512-vnni" in features) == ("avx512" in features and "avx512_vnni" in flags)
+    assert "amx-int8" not in features or {"amx_tile", "amx_int8"} <= flags
+
+
+def test_auto_takes_the_best_set_this_cpu_runs_and_portable_is_always_there():
+    best = "avx2" if "avx2" in gguf_kernels.cpu_features() else "portable"
+    assert gguf_kernels.select_kernels("auto") == best == gguf_kernels.active_kernels()
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        assert best == "avx2"
+    assert gguf_kernels.select_kernels("portable") == "portable" == gguf_kernels.active_kernels()
+    assert not gguf_kernels.vectorized()  # so --quantize auto would not pick the portable kernels
+    assert gguf_kernels.select_kernels("auto") == best
+
+
+@pytest.mark.parametrize("name, says", [("avx512-vnni", "no kernels for it yet"), ("amx-int8", "no kernels for it yet"),
+                                        ("sse2", "not a kernel set"), ("AVX2", "not a kernel set")])
+def test_a_set_that_cannot_run_is_refused_by_name(name, says):
+    active = gguf_kernels.active_kernels()
+    with pytest.raises(ValueError, match=says) as refused:
+        gguf_kernels.select_kernels(name)
+    assert "SPECDEC_KERNELS" in str(refused.value) and "auto" in str(refused.value)
+    assert gguf_kernels.active_kernels() == active  # a refusal changes nothing
+
+
+def test_the_environment_picks_the_set_for_the_process_and_the_start_up_line_names_it():
+    """``SPECDEC_KERNELS`` is read when the library loads (a fresh process); the device profile's
+    line, which the engine logs at start-up, names the set and the CPU's features."""
+    code = ("from specdec_core.execution import gguf_kernels\n"
+            "from specdec_core.execution.device_profile import DeviceProfile\n"
+            "print(gguf_kernels.active_kernels()); print(DeviceProfile.decide('cpu', 'float32', 'auto').describe())\n"
+            "try:\n    gguf_kernels.select_kernels('bogus')\nexcept ValueError as exc:\n    print(exc)\n")
+    env = {**os.environ, "SPECDEC_KERNELS": "portable"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    active, line, refusal = done.stdout.splitlines()[-3:]
+    assert active == "portable"
+    assert "kernels portable" in line and f"CPU: {' '.join(gguf_kernels.cpu_features())}" in line
+    assert "linear kernels int8" in line  # the portable block kernels are not faster than int8, so --quantize auto skips them
+    assert "'bogus'" in refusal
+
+
+def test_the_engine_flag_selects_the_set_before_the_linear_kernels_are_chosen():
+    """``--kernels`` (``EngineConfig.kernels``) reaches ``DeviceProfile.decide``, which picks the set
+    first: on the portable set ``--quantize auto`` takes int8. ``auto`` leaves the process's set alone."""
+    profile = DeviceProfile.decide("cpu", "float32", "auto", kernel_set="portable")
+    assert gguf_kernels.active_kernels() == "portable" and profile.kernels == "int8" and not profile.row_kernels
+    assert DeviceProfile.decide("cpu", "float32", "auto").kernels == "int8"  # still portable
+    with pytest.raises(ProfileError, match="no kernels for it yet"):
+        DeviceProfile.decide("cpu", "float32", "auto", kernel_set="avx512-vnni")
+    if "avx2" in gguf_kernels.cpu_features():
+        assert DeviceProfile.decide("cpu", "float32", "auto", kernel_set="avx2").kernels == "gguf"
