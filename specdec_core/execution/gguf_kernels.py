@@ -236,8 +236,17 @@ def active_kernels() -> str:
     return "portable" if library().sd_use_scalar() else "avx2"
 
 
+def runnable_kernels() -> list[str]:
+    """The kernel sets this CPU runs, best first (``portable`` always); tests run each of them."""
+    return _runnable(library())
+
+
+def _runnable(lib: ctypes.CDLL) -> list[str]:
+    return [k for k in KERNEL_SETS if k == "portable" or k in _names(lib.sd_cpu_features())]
+
+
 def _select(lib: ctypes.CDLL, name: str) -> str:
-    have = [k for k in KERNEL_SETS if k == "portable" or k in _names(lib.sd_cpu_features())]
+    have = _runnable(lib)
     if name != "auto" and name not in KERNEL_SETS:
         features = set(_CPU_FEATURES.values())
         what = "specdec has no kernels for it yet" if name in features else "not a kernel set"

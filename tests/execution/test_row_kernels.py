@@ -19,9 +19,11 @@ pytestmark = pytest.mark.skipif(not DeviceProfile.decide("cpu", "float32", "none
                                 reason="the row kernels run where the C kernels are built with AVX2")
 
 
-@pytest.fixture(params=["avx2", "portable"])
+@pytest.fixture(params=gguf_kernels.KERNEL_SETS)
 def impl(request):
-    """Both implementations: the portable one is what a CPU without AVX2 would run."""
+    """Every kernel set this CPU runs: the portable one is what a CPU without AVX2 would run."""
+    if request.param not in gguf_kernels.runnable_kernels():
+        pytest.skip(f"this CPU does not run the {request.param} kernels")
     gguf_kernels.select_kernels(request.param)
     yield request.param
     gguf_kernels.select_kernels("auto")
