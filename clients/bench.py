@@ -168,6 +168,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.peer = [_peer(p_, i) for i, p_ in enumerate(args.peer)]
     if args.pairing is None:
         args.pairing = "separate" if args.peer else "same"
+    if args.pairing == "same" and not args.control and set(args.modes) <= {"off"}:
+        p.error("--pairing same measures each speculating mode against off on one server, so --modes off alone "
+                "measures nothing: add a mode (ngram, suffix, draft, auto), or --pairing separate, or --control")
     if args.control and args.pairing != "same":
         p.error("--control is an A/A run of --pairing same")
     if args.prompts_per_stream < 1 or (args.prompts_per_stream > 1 and args.pairing != "same"):

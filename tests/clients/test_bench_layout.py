@@ -17,6 +17,14 @@ def test_bench_help_runs_from_any_directory(tmp_path: Path) -> None:
     assert "--spawn" in out and "--no-baselines" in out
 
 
+def test_a_same_server_run_of_off_alone_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """Same-server pairing measures each speculating mode against off: off alone used to run, print
+    no row and exit 1 without saying why."""
+    done = subprocess.run([sys.executable, str(CLIENTS / "bench.py"), "--spawn", "--modes", "off"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "--modes off alone measures nothing" in done.stderr
+
+
 def test_summary_of_streamed_results() -> None:
     sys.path.insert(0, str(CLIENTS))
     try:
