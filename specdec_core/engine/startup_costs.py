@@ -35,13 +35,14 @@ def step_costs(config: EngineConfig, target: ModelRunner, draft: ModelRunner | N
     if not config.adaptive_speculation:
         return StepCostModel.constant(draft is not None), None
     shape = (target, draft, config.max_num_seqs, tokens_per_seq, config.max_model_len)
+    # the C kernels run the block layers (gguf) and the row-wise ops (CPU float32): a new build or set, new costs
+    c_kernels = profile.kernels == "gguf" or profile.row_kernels
     cache = CostCache(config.cache_dir, {
         "target": model_identity(target_model.path),
         "draft": model_identity(draft_model.path) if draft_model is not None else None,
         "quantize": profile.kernels,
-        # the C kernels run the block layers (gguf) and the row-wise ops (CPU float32): a new build, new costs
-        "kernels": gguf_kernels.build() if profile.kernels == "gguf" or profile.row_kernels else None,
-        "kernel_set": gguf_kernels.active_kernels() if profile.kernels == "gguf" or profile.row_kernels else None,
+        "kernels": gguf_kernels.build() if c_kernels else None,
+        "kernel_set": gguf_kernels.active_kernels() if c_kernels else None,
         "attention": profile.attention, "path": target.path,
         "dtype": str(profile.dtype), "device": profile.device.type, "machine": machine(),
         "max_num_seqs": config.max_num_seqs, "tokens_per_seq": tokens_per_seq, "max_model_len": config.max_model_len,

@@ -24,18 +24,12 @@ from specdec_core.execution import gguf_kernels
 from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
 from specdec_core.execution.linear_kernels import RowInt8Linear, prepare_linear
 from specdec_core.execution.q8_0_blocks import quantize_q8_0
-from tests.helpers.gguf_blocks import blocks_for
+from tests.helpers.gguf_blocks import blocks_for, use_kernel_set
 
 T = GGMLQuantizationType
 FORMATS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 IMPLS = list(gguf_kernels.KERNEL_SETS)  # every set, each bit for bit against the dequantized product
 
-
-def use_set(impl: str) -> None:
-    """Run the kernel set ``impl``; a set this CPU lacks skips, saying so."""
-    if impl not in gguf_kernels.runnable_kernels():
-        pytest.skip(f"this CPU does not run the {impl} kernels (it has: {' '.join(gguf_kernels.cpu_features()) or 'none'})")
-    gguf_kernels.select_kernels(impl)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -73,7 +67,7 @@ def run(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tensor, thread
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 def test_kernel_equals_dequantized_product(qtype, impl):
-    use_set(impl)
+    use_kernel_set(impl)
     n, k = 40, 768
     blocks = blocks_for(qtype, n, k, seed=int(qtype))
     x = activations(6, k, seed=1)
@@ -88,7 +82,7 @@ def test_kernel_equals_dequantized_product(qtype, impl):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
 def test_rows_bit_identical_alone_and_batched(qtype, impl):
-    use_set(impl)
+    use_kernel_set(impl)
     n, k = 37, 512
     blocks = blocks_for(qtype, n, k, seed=7)
     x = activations(16, k, seed=2)
@@ -105,7 +99,7 @@ def test_every_row_count_gives_each_row_the_bits_it_gets_alone(qtype, impl):
     """The layer as the runner builds it (repacked where the active kernels repack): each row of
     an M-row call, M in 1..17 (tiles of several rows plus a remainder), equals that row alone,
     on 1 and 2 threads; 37 outputs leave a partial last group of 8 columns."""
-    use_set(impl)
+    use_kernel_set(impl)
     n, k = 37, 512
     layer = GGUFLinear([BlockWeight(int(qtype), torch.from_numpy(blocks_for(qtype, n, k, seed=11)), k)], None)
     x = activations(17, k, seed=12)

@@ -12,6 +12,7 @@ from specdec_core.execution import gguf_kernels, row_kernels
 from specdec_core.execution.attention import Segment, attend_segments, split_single_rows
 from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.native_decoder import _rope
+from tests.helpers.gguf_blocks import use_kernel_set
 from tests.helpers.models import load
 from tests.helpers.runners import slot_runner
 
@@ -22,9 +23,7 @@ pytestmark = pytest.mark.skipif(not DeviceProfile.decide("cpu", "float32", "none
 @pytest.fixture(params=gguf_kernels.KERNEL_SETS)
 def impl(request):
     """Every kernel set this CPU runs: the portable one is what a CPU without AVX2 would run."""
-    if request.param not in gguf_kernels.runnable_kernels():
-        pytest.skip(f"this CPU does not run the {request.param} kernels")
-    gguf_kernels.select_kernels(request.param)
+    use_kernel_set(request.param)
     yield request.param
     gguf_kernels.select_kernels("auto")
 

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+from specdec_core.execution import gguf_kernels
 
 T = GGMLQuantizationType
 K_QUANTS = {T.Q4_K, T.Q5_K, T.Q6_K}
@@ -25,3 +28,11 @@ def blocks_for(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int, sca
     else:  # d and dmin lead the Q4_K / Q5_K block
         raw[..., 0:4] = scales
     return raw.reshape(rows, -1)
+
+
+def use_kernel_set(name: str) -> None:
+    """Run the C kernel set ``name`` in this process; a set this CPU lacks skips the test, saying
+    what the CPU has (tests parametrized over ``gguf_kernels.KERNEL_SETS``)."""
+    if name not in gguf_kernels.runnable_kernels():
+        pytest.skip(f"this CPU does not run the {name} kernels (it has: {' '.join(gguf_kernels.cpu_features()) or 'none'})")
+    gguf_kernels.select_kernels(name)
