@@ -9,6 +9,9 @@ The speculation goals hinge on what a verify step of 1 + k rows costs against on
 ``--repeats`` forwards, timed through torch's forward hooks on the decoder's own modules. A part whose time grows
 with R is compute-bound there; one that stays flat is bound by reading its weights.
 
+The hooks need the per-op layers, so the split is of that path; the CPU default runs the layers
+as one C call (``execution/row_layers.py``), whose whole step is the ``one call`` column.
+
     python clients/tools/row_profile.py                   # the embedded target, gguf, rows 1..9
     python clients/tools/row_profile.py --rows 1,6 --threads 1          # compute-bound parts double
 """
@@ -93,17 +96,24 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{loaded.name} does not run on the native path; nothing to split")
     blocks = region(0, span, 16)
     runner.forward([ForwardItem(blocks, 0, [17 + i % 500 for i in range(args.context)], 1)])
+    one_call = runner.native.row_layers
     totals: dict[str, float] = defaultdict(float)
     instrument(runner.native, totals)
     names = ["qkv", "attention", "o", "gate_up", "down", "head"]
     print(f"{loaded.name}, quantize={args.quantize}, {args.context} tokens cached, {torch.get_num_threads()} threads; "
-          f"ms, median of {args.repeats}")
-    print("| rows | step | " + " | ".join(names) + " | rest |\n" + "|---" * (len(names) + 3) + "|")
+          f"ms, median of {args.repeats}; the parts are of the per-op layers")
+    print("| rows | one call | step | " + " | ".join(names) + " | rest |\n" + "|---" * (len(names) + 4) + "|")
     for r in rows:
         items = [ForwardItem(blocks, args.context, list(range(5, 5 + r)), r, num_drafts=r - 1)]
         runner.forward(items)
-        steps, parts = [], defaultdict(list)
+        steps, parts, whole = [], defaultdict(list), []
         for _ in range(args.repeats):
+            if one_call is not None:  # the path that serves, interleaved with the split one
+                runner.native.row_layers = one_call
+                start = time.perf_counter()
+                runner.forward(items)
+                whole.append(time.perf_counter() - start)
+            runner.native.row_layers = None
             totals.clear()
             start = time.perf_counter()
             runner.forward(items)
@@ -112,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
                 parts[name].append(totals[name])
         step = statistics.median(steps) * 1e3
         cells = [statistics.median(parts[name]) * 1e3 for name in names]
-        print(f"| {r} | {step:.1f} | " + " | ".join(f"{c:.1f}" for c in cells) + f" | {step - sum(cells):.1f} |",
-              flush=True)
+        served = f"{statistics.median(whole) * 1e3:.1f}" if whole else "-"
+        print(f"| {r} | {served} | {step:.1f} | " + " | ".join(f"{c:.1f}" for c in cells)
+              + f" | {step - sum(cells):.1f} |", flush=True)
     return 0
 
 

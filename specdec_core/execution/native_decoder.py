@@ -35,6 +35,7 @@ from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.kv_cache import PagedKVCache
 from specdec_core.execution.linear_kernels import Quantize, prepare_linear
 from specdec_core.execution.prepared_linear import PreparedLinear
+from specdec_core.execution.row_layers import RowLayers
 
 
 @dataclass
@@ -173,6 +174,8 @@ class NativeDecoder(torch.nn.Module):
         self.layers = torch.nn.ModuleList(DecoderLayer(layer, spec, quantize, release, fused, qkv_rows)
                                           for layer in spec.layers)
         self.norm = RMSNorm(spec.final_norm.weight, spec.final_norm.eps, fused)
+        # the whole stack in one C call for forwards of one-row segments (the CPU default's every forward)
+        self.row_layers = RowLayers.of(list(self.layers), spec, fused)
         self.embed_scale = None if spec.embed_scale is None else torch.tensor(spec.embed_scale).to(like.dtype)
         head = model.get_output_embeddings()
         self.head_rows = torch.tensor(head_rows, dtype=torch.long, device=like.device) if head_rows else None
@@ -203,6 +206,9 @@ class NativeDecoder(torch.nn.Module):
         if self.embed_scale is not None:
             x = x * self.embed_scale
         rope = {name: (cos[batch.positions], sin[batch.positions]) for name, (cos, sin) in self.rope.items()}
+        if self.row_layers is not None and batch.rows is not None and not batch.segments and batch.packed is None:
+            rows = {window: batch.for_window(window).rows for window in self.row_layers.windows}
+            return self.row_layers.run(x, batch.write_index, rows, rope, cache)  # type: ignore[arg-type]
         for i, (layer, spec) in enumerate(zip(self.layers, self.spec.layers)):
             x = layer(x, batch, *rope[spec.rope], cache.keys[i], cache.values[i])
         return x
