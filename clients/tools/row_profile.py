@@ -10,7 +10,8 @@ The speculation goals hinge on what a verify step of 1 + k rows costs against on
 with R is compute-bound there; one that stays flat is bound by reading its weights.
 
 The hooks need the per-op layers, so the split is of that path; the CPU default runs the layers
-as one C call (``execution/row_layers.py``), whose whole step is the ``one call`` column.
+as one C call (``execution/row_layers.py``): the ``one call`` column, beside the per-op path
+without the hooks (``per-op``) and with them (``per-op, hooked``, the step the parts split).
 
     python clients/tools/row_profile.py                   # the embedded target, gguf, rows 1..9
     python clients/tools/row_profile.py --rows 1,6 --threads 1          # compute-bound parts double
@@ -98,33 +99,41 @@ def main(argv: list[str] | None = None) -> int:
     runner.forward([ForwardItem(blocks, 0, [17 + i % 500 for i in range(args.context)], 1)])
     one_call = runner.native.row_layers
     totals: dict[str, float] = defaultdict(float)
-    instrument(runner.native, totals)
     names = ["qkv", "attention", "o", "gate_up", "down", "head"]
     print(f"{loaded.name}, quantize={args.quantize}, {args.context} tokens cached, {torch.get_num_threads()} threads; "
           f"ms, median of {args.repeats}; the parts are of the per-op layers")
-    print("| rows | one call | step | " + " | ".join(names) + " | rest |\n" + "|---" * (len(names) + 4) + "|")
+    print("| rows | one call | per-op | per-op, hooked | " + " | ".join(names) + " | rest |\n"
+          + "|---" * (len(names) + 5) + "|")
+
+    def timed(native_stack: Any, hooked: bool) -> float:
+        runner.native.row_layers = native_stack
+        handles = instrument(runner.native, totals) if hooked else []
+        totals.clear()
+        start = time.perf_counter()
+        runner.forward(items)
+        seconds = time.perf_counter() - start
+        for handle in handles:
+            handle.remove()
+        return seconds
+
     for r in rows:
         items = [ForwardItem(blocks, args.context, list(range(5, 5 + r)), r, num_drafts=r - 1)]
         runner.forward(items)
-        steps, parts, whole = [], defaultdict(list), []
-        for _ in range(args.repeats):
-            if one_call is not None:  # the path that serves, interleaved with the split one
-                runner.native.row_layers = one_call
-                start = time.perf_counter()
-                runner.forward(items)
-                whole.append(time.perf_counter() - start)
-            runner.native.row_layers = None
-            totals.clear()
-            start = time.perf_counter()
-            runner.forward(items)
-            steps.append(time.perf_counter() - start)
+        steps: dict[str, list[float]] = defaultdict(list)
+        parts = defaultdict(list)
+        for _ in range(args.repeats):  # the three interleaved: the path that serves, the per-op one, its split
+            if one_call is not None:
+                steps["one call"].append(timed(one_call, hooked=False))
+            steps["per-op"].append(timed(None, hooked=False))
+            steps["hooked"].append(timed(None, hooked=True))
             for name in names:
                 parts[name].append(totals[name])
-        step = statistics.median(steps) * 1e3
+        ms = {name: f"{statistics.median(t) * 1e3:.1f}" for name, t in steps.items()}
+        step = statistics.median(steps["hooked"]) * 1e3
         cells = [statistics.median(parts[name]) * 1e3 for name in names]
-        served = f"{statistics.median(whole) * 1e3:.1f}" if whole else "-"
-        print(f"| {r} | {served} | {step:.1f} | " + " | ".join(f"{c:.1f}" for c in cells)
+        print(f"| {r} | {ms.get('one call', '-')} | {ms['per-op']} | {step:.1f} | " + " | ".join(f"{c:.1f}" for c in cells)
               + f" | {step - sum(cells):.1f} |", flush=True)
+    runner.native.row_layers = one_call
     return 0
 
 

@@ -124,8 +124,10 @@ class RowLayers:
         spec = self.spec
         x = x.float().contiguous()
         tokens = x.shape[0]
-        if any(r.rows.numel() != tokens for r in rows.values()) or cache.keys[0].dtype != torch.float32:
-            raise ValueError("the C decoder stack takes forwards of one-row segments over a float32 cache")
+        if (any(r.rows.numel() != tokens for r in rows.values()) or len(cache.keys) < len(self.layers)
+                or cache.keys[0].dtype != torch.float32 or write_index.dtype != torch.int64):
+            raise ValueError("the C decoder stack takes forwards of one-row segments over a float32 cache of "
+                             "every layer")
         for desc, keys, values in zip(self.layers, cache.keys, cache.values):
             desc.keys, desc.values, desc.head_stride = keys.data_ptr(), values.data_ptr(), keys.stride(0)
         scratch = [x.new_empty(tokens, width) for width in (
