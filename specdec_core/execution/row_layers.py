@@ -98,6 +98,8 @@ class RowLayers:
         linears = [getattr(layer, name) for layer in layers for name in LINEARS]
         if not row_kernels or not all(isinstance(lin, GGUFLinear) and len(lin.calls) <= LINEAR_CALLS for lin in linears):
             return None
+        if any(("q" in layer.norms) != ("k" in layer.norms) for layer in spec.layers):
+            return None  # the C layer norms query and key heads together
         return cls(layers, spec)
 
     def _linear(self, lin: GGUFLinear) -> _Linear:
