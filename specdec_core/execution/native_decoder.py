@@ -15,7 +15,9 @@ Python overhead. Here:
   same token decoded alone; one call per layer for the whole forward on CUDA. A sliding-window
   layer reads the same layouts cut to its window (``Batch.for_window``).
 
-K/V are written in place into the request's blocks of ``PagedKVCache``.
+K/V are written in place into the request's blocks of ``PagedKVCache``. In the CPU default
+(float32, GGUF block linears, one-row segments) the layers below run as one C call per forward
+(``row_layers``), computing the same bits as ``DecoderLayer`` does op by op.
 """
 
 from __future__ import annotations
