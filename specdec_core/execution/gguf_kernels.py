@@ -96,6 +96,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.sd_rope.restype = None
     lib.sd_gate_mul.argtypes = [ptr, i64, i64, i64, ptr, i64, i32, i32]
     lib.sd_gate_mul.restype = None
+    lib.sd_block_linear.argtypes = [ptr, ptr, i64, i64, ptr, ctypes.c_int]
+    lib.sd_block_linear.restype = ctypes.c_int
     return lib
 
 
@@ -301,15 +303,17 @@ def gemm(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, out: torch.Tenso
         raise TypeError("gemm wants float32 activations/output and uint8 blocks")
     if x.stride(1) != 1 or out.stride(1) != 1 or not blocks.is_contiguous() or out.shape != (m, n):
         raise ValueError("gemm wants unit-stride rows, contiguous blocks and one output row per input row")
-    gemm_at(ggml_type, blocks.data_ptr(), n, k, x.data_ptr(), m, x.stride(0), out.data_ptr(), out.stride(0),
-            threads or torch.get_num_threads())
-
-
-def gemm_at(code: int, weights: int, n: int, k: int, x: int, m: int, x_stride: int, out: int, out_stride: int,
-            threads: int) -> None:
-    """``gemm`` on addresses (float32 strides in elements), for callers whose tensors were
-    checked once: ``GGUFLinear`` makes ~200 calls per decode step, and ``gemm``'s checks cost
-    ~5 us each."""
-    rc = library().sd_gguf_gemm(code, weights, n, k, x, m, x_stride, out, out_stride, threads)
+    rc = library().sd_gguf_gemm(ggml_type, blocks.data_ptr(), n, k, x.data_ptr(), m, x.stride(0), out.data_ptr(),
+                                out.stride(0), threads or torch.get_num_threads())
     if rc != 0:
-        raise ValueError(f"the GGUF kernel refused type {code} with {k} inputs (rc {rc})")
+        raise ValueError(f"the GGUF kernel refused type {ggml_type} with {k} inputs (rc {rc})")
+
+
+def block_linear(desc: int, x: int, m: int, x_stride: int, out: int) -> None:
+    """Run a ``gguf_linear.BlockCalls`` at address ``desc`` on ``m`` float32 rows at ``x``
+    (``x_stride`` floats apart) into the contiguous ``[m, out_features]`` at ``out``: one C call
+    for a layer's kernel calls and bias (``GGUFLinear`` makes ~100 a decode step on the per-op
+    path, so its tensors are checked once, when prepared)."""
+    rc = library().sd_block_linear(desc, x, m, x_stride, out, torch.get_num_threads())
+    if rc != 0:
+        raise ValueError(f"the GGUF kernels refused a block linear (rc {rc})")

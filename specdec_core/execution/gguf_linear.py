@@ -9,6 +9,7 @@ the number of rows in the call: the same contract as the other CPU kernels (``li
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,20 @@ class BlockWeight:
         return self.dequantize_rows(torch.arange(self.out_features))
 
 
+LINEAR_CALLS = 4  # SD_LINEAR_CALLS: kernel calls of one fused linear (neighbouring parts of one format merge)
+_i32, _i64, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
+
+
+class BlockCalls(ctypes.Structure):
+    """A ``GGUFLinear`` as the C library takes it (``sd_linear`` of ``csrc/gguf_kernels.h``): its
+    kernel calls, each writing the next columns of the output, and the bias. One C function
+    (``sd_block_linear``) runs it, for ``GGUFLinear.forward`` and inside the one-call decoder
+    stack (``row_layers``) alike."""
+
+    _fields_ = [("codes", _i32 * LINEAR_CALLS), ("weights", _ptr * LINEAR_CALLS), ("rows", _i64 * LINEAR_CALLS),
+                ("calls", _i32), ("in_features", _i64), ("out_features", _i64), ("bias", _ptr)]
+
+
 def executable(weight: BlockWeight) -> bool:
     """True when the kernels run this format with this row length."""
     if weight.ggml_type not in gguf_kernels.SUPPORTED_TYPES:
@@ -86,6 +101,15 @@ class GGUFLinear(PreparedLinear):
             code, data = packed if packed is not None else (part.ggml_type, part.blocks)
             self.calls.append((code, data, part.out_features))
         self.bias = None if bias is None else bias.detach().float().contiguous()
+        if len(self.calls) > LINEAR_CALLS:
+            raise ValueError(f"a fused block linear takes at most {LINEAR_CALLS} runs of one format, not "
+                             f"{'+'.join(self.formats)}")
+        self.desc = BlockCalls()  # points into self.calls' tensors and self.bias, kept as long as self
+        for i, (code, data, rows) in enumerate(self.calls):
+            self.desc.codes[i], self.desc.weights[i], self.desc.rows[i] = code, data.data_ptr(), rows
+        self.desc.calls, self.desc.in_features, self.desc.out_features = len(self.calls), in_features, self.out_features
+        self.desc.bias = None if self.bias is None else self.bias.data_ptr()
+        self._desc_at = ctypes.addressof(self.desc)
 
     def extra_repr(self) -> str:
         types = "+".join(self.formats)
@@ -103,12 +127,5 @@ class GGUFLinear(PreparedLinear):
             rows = rows.float().contiguous()
         m = rows.shape[0]
         out = torch.empty(m, self.out_features, dtype=torch.float32)
-        threads, x_ptr, out_ptr = torch.get_num_threads(), rows.data_ptr(), out.data_ptr()
-        col = 0
-        for code, data, n in self.calls:  # the weights were checked when prepared
-            gguf_kernels.gemm_at(code, data.data_ptr(), n, self.in_features, x_ptr, m, rows.stride(0),
-                                 out_ptr + 4 * col, out.stride(0), threads)
-            col += n
-        if self.bias is not None:
-            out += self.bias
+        gguf_kernels.block_linear(self._desc_at, rows.data_ptr(), m, rows.stride(0), out.data_ptr())
         return out.reshape(*shape[:-1], self.out_features)

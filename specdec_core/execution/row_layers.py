@@ -28,17 +28,12 @@ import torch
 from specdec_core.execution import gguf_kernels, row_kernels
 from specdec_core.execution.attention import RowAttention
 from specdec_core.execution.decoder_families import DecoderSpec
-from specdec_core.execution.gguf_linear import GGUFLinear
+from specdec_core.execution.gguf_linear import BlockCalls, GGUFLinear
 from specdec_core.execution.kv_cache import PagedKVCache
 
-LINEAR_CALLS, STEP_TABLES, STEP_WINDOWS = 4, 4, 4  # SD_LINEAR_CALLS, SD_STEP_TABLES, SD_STEP_WINDOWS
+STEP_TABLES, STEP_WINDOWS = 4, 4  # SD_STEP_TABLES, SD_STEP_WINDOWS
 LINEARS = ("qkv", "o", "gate_up", "down")  # a layer's block linears, in _Layer's order
 _i64, _i32, _f32, _ptr = ctypes.c_int64, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p
-
-
-class _Linear(ctypes.Structure):
-    _fields_ = [("codes", _i32 * LINEAR_CALLS), ("weights", _ptr * LINEAR_CALLS), ("rows", _i64 * LINEAR_CALLS),
-                ("calls", _i32), ("in_features", _i64), ("out_features", _i64), ("bias", _ptr)]
 
 
 class _Norm(ctypes.Structure):
@@ -46,7 +41,7 @@ class _Norm(ctypes.Structure):
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear), ("down", _Linear),
+    _fields_ = [("qkv", BlockCalls), ("o", BlockCalls), ("gate_up", BlockCalls), ("down", BlockCalls),
                 ("input", _Norm), ("q", _Norm), ("k", _Norm), ("post_attention", _Norm), ("mlp", _Norm),
                 ("post_mlp", _Norm), ("keys", _ptr), ("values", _ptr), ("head_stride", _i64), ("table", _i32),
                 ("window", _i32)]
@@ -79,10 +74,10 @@ class RowLayers:
         if len(self.tables) > STEP_TABLES or len(self.windows) > STEP_WINDOWS:
             raise ValueError("more rotary tables or sliding windows than the C step takes")
         self.layers = (_Layer * len(layers))()
-        self.keep: list[torch.Tensor] = []  # every tensor a descriptor points into
+        self.keep: list[torch.Tensor] = []  # the norm weights the descriptors point into (the linears keep theirs)
         for desc, layer, layer_spec in zip(self.layers, layers, spec.layers):
             for name in LINEARS:
-                setattr(desc, name, self._linear(getattr(layer, name)))
+                setattr(desc, name, getattr(layer, name).desc)  # a copy of the GGUFLinear's own descriptor
             norms = cast(torch.nn.ModuleDict, layer.norms)
             for name, norm in norms.items():
                 setattr(desc, name, self._norm(cast(torch.Tensor, norm.weight), float(cast(float, norm.eps))))
@@ -93,24 +88,14 @@ class RowLayers:
 
     @classmethod
     def of(cls, layers: Sequence[torch.nn.Module], spec: DecoderSpec, row_kernels: bool) -> RowLayers | None:
-        """The one-call stack, where the C row kernels run and every linear is a block linear of
-        few enough calls (None: the per-op path runs every forward)."""
+        """The one-call stack, where the C row kernels run and every linear is a block linear
+        (None: the per-op path runs every forward)."""
         linears = [getattr(layer, name) for layer in layers for name in LINEARS]
-        if not row_kernels or not all(isinstance(lin, GGUFLinear) and len(lin.calls) <= LINEAR_CALLS for lin in linears):
+        if not row_kernels or not all(isinstance(lin, GGUFLinear) for lin in linears):
             return None
         if any(("q" in layer.norms) != ("k" in layer.norms) for layer in spec.layers):
             return None  # the C layer norms query and key heads together
         return cls(layers, spec)
-
-    def _linear(self, lin: GGUFLinear) -> _Linear:
-        desc = _Linear()
-        for i, (code, data, rows) in enumerate(lin.calls):
-            desc.codes[i], desc.weights[i], desc.rows[i] = code, data.data_ptr(), rows
-        desc.calls, desc.in_features, desc.out_features = len(lin.calls), lin.in_features, lin.out_features
-        if lin.bias is not None:
-            self.keep.append(lin.bias)
-            desc.bias = lin.bias.data_ptr()
-        return desc
 
     def _norm(self, weight: torch.Tensor, eps: float) -> _Norm:
         weight = weight.float().contiguous()

@@ -31,7 +31,6 @@ FORMATS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 IMPLS = list(gguf_kernels.KERNEL_SETS)  # every set, each bit for bit against the dequantized product
 
 
-
 @pytest.fixture(autouse=True, scope="module")
 def _kernels():
     gguf_kernels.library()

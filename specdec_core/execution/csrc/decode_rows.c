@@ -8,28 +8,13 @@
  * of the step, next to ~4 ms of layer weights to stream.
  *
  * Bits: each operation is the same C function the per-op path calls (sd_rms_norm, sd_rope,
- * sd_attend_rows, sd_gguf_gemm, sd_gate_mul) on the same values, and the float steps in between
- * (bias and residual additions, cache copies) are single IEEE additions or copies, so a row gets
+ * sd_attend_rows, sd_block_linear, sd_gate_mul) on the same values, and the float steps in between
+ * (residual additions, cache copies) are single IEEE additions or copies, so a row gets
  * exactly the bits the per-op path gives it, in any batch (tests/execution/test_row_layers.py). */
 #include <errno.h>
 #include <string.h>
 
 #include "decode_rows.h"
-
-/* out[r] = x[r] @ W.T (+ bias) for r < m: the linear's kernel calls side by side, as GGUFLinear. */
-static int linear(const sd_linear *l, const float *x, int64_t m, int64_t ldx, float *out, int threads) {
-    int64_t col = 0;
-    for (int c = 0; c < l->calls; c++) {
-        const int rc = sd_gguf_gemm(l->codes[c], l->weights[c], l->rows[c], l->in_features, x, m, ldx, out + col,
-                                    l->out_features, threads);
-        if (rc != 0) return rc;
-        col += l->rows[c];
-    }
-    if (l->bias)
-        for (int64_t r = 0; r < m; r++)
-            for (int64_t i = 0; i < l->out_features; i++) out[r * l->out_features + i] += l->bias[i];
-    return 0;
-}
 
 static void add_rows(float *x, const float *h, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] + h[i];
@@ -42,7 +27,7 @@ static int layer(const sd_layer *L, const sd_step *s) {
 
     /* attention: norm, q|k|v, per-head norms, rotation, cache writes, the rows' own keys */
     sd_rms_norm(s->x, t, hidden, hidden, L->input.weight, L->input.eps, s->normed, hidden, th);
-    if ((rc = linear(&L->qkv, s->normed, t, hidden, s->qkv, th)) != 0) return rc;
+    if ((rc = sd_block_linear(&L->qkv, s->normed, t, hidden, s->qkv, th)) != 0) return rc;
     if (L->q.weight)
         for (int64_t r = 0; r < t; r++) {
             float *row = s->qkv + r * width;
@@ -63,16 +48,16 @@ static int layer(const sd_layer *L, const sd_step *s) {
                         s->att_base[w], s->att_first[w], s->att_index[w], t, heads, kv_heads, dim, s->scale,
                         s->attended, (int64_t)heads * dim, th);
     if (rc != 0) return rc;
-    if ((rc = linear(&L->o, s->attended, t, (int64_t)heads * dim, s->h, th)) != 0) return rc;
+    if ((rc = sd_block_linear(&L->o, s->attended, t, (int64_t)heads * dim, s->h, th)) != 0) return rc;
     if (s->sandwich) sd_rms_norm(s->h, t, hidden, hidden, L->post_attention.weight, L->post_attention.eps, s->h, hidden, th);
     add_rows(s->x, s->h, t * hidden);
 
     /* gated MLP */
     sd_rms_norm(s->x, t, hidden, hidden, L->mlp.weight, L->mlp.eps, s->normed, hidden, th);
-    if ((rc = linear(&L->gate_up, s->normed, t, hidden, s->gate_up, th)) != 0) return rc;
+    if ((rc = sd_block_linear(&L->gate_up, s->normed, t, hidden, s->gate_up, th)) != 0) return rc;
     const int64_t inner = L->gate_up.out_features / 2;
     sd_gate_mul(s->gate_up, t, inner, 2 * inner, s->act, inner, s->activation, th);
-    if ((rc = linear(&L->down, s->act, t, inner, s->h, th)) != 0) return rc;
+    if ((rc = sd_block_linear(&L->down, s->act, t, inner, s->h, th)) != 0) return rc;
     if (s->sandwich) sd_rms_norm(s->h, t, hidden, hidden, L->post_mlp.weight, L->post_mlp.eps, s->h, hidden, th);
     add_rows(s->x, s->h, t * hidden);
     return 0;

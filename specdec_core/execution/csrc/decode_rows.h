@@ -6,14 +6,13 @@
 
 #include <stdint.h>
 
-#define SD_LINEAR_CALLS 4 /* kernel calls of one fused linear (parts of different block formats) */
+#include "gguf_kernels.h"
+
 #define SD_STEP_TABLES 4  /* rotary tables of one model (Gemma 3: local and global) */
 #define SD_STEP_WINDOWS 4 /* attention layouts of one step (the global one and each sliding window) */
 
-/* The C functions the loop calls, in the order a layer calls them (row_ops.c, row_attention.c,
- * gguf_gemm.c). */
-int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
-                 float *out, int64_t ldo, int threads);
+/* The row operations the loop calls (row_ops.c, row_attention.c); the block linears are
+ * gguf_kernels.h's sd_block_linear. */
 void sd_rms_norm(const float *x, int64_t rows, int64_t n, int64_t x_stride, const float *w, float eps, float *out,
                  int64_t out_stride, int threads);
 void sd_rope(float *x, int64_t rows, int64_t x_stride, int heads, int head_dim, const float *cos, const float *sin,
@@ -24,16 +23,6 @@ int sd_attend_rows(const float *q, int64_t q_row_stride, const float *keys, cons
                    const int64_t *rows, const int64_t *kv_len, const int64_t *base, const int64_t *first,
                    const int64_t *index, int64_t nrows, int heads, int kv_heads, int head_dim, float scale,
                    float *out, int64_t out_row_stride, int threads);
-
-/* A prepared block linear (GGUFLinear): its kernel calls write consecutive output columns. */
-typedef struct {
-    int32_t codes[SD_LINEAR_CALLS];
-    const uint8_t *weights[SD_LINEAR_CALLS];
-    int64_t rows[SD_LINEAR_CALLS];
-    int32_t calls;
-    int64_t in_features, out_features;
-    const float *bias; /* NULL: none */
-} sd_linear;
 
 /* An RMS norm's effective weight (NULL: the layer has no such norm) and epsilon. */
 typedef struct {

@@ -194,3 +194,19 @@ int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *
     free(act);
     return 0;
 }
+
+/* out[r] = x[r] @ W.T (+ bias) for r < m: the linear's kernel calls side by side, each into its
+ * columns of out ([m, out_features], contiguous). 0, or the first kernel call's error. */
+int sd_block_linear(const sd_linear *l, const float *x, int64_t m, int64_t ldx, float *out, int threads) {
+    int64_t col = 0;
+    for (int c = 0; c < l->calls; c++) {
+        const int rc = sd_gguf_gemm(l->codes[c], l->weights[c], l->rows[c], l->in_features, x, m, ldx, out + col,
+                                    l->out_features, threads);
+        if (rc != 0) return rc;
+        col += l->rows[c];
+    }
+    if (l->bias)
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t i = 0; i < l->out_features; i++) out[r * l->out_features + i] += l->bias[i];
+    return 0;
+}

@@ -75,6 +75,23 @@ tile_fn sd_scalar_tile(int type);
 /* 1 where the portable scalar kernels run (no AVX2/FMA/F16C, or a test asked for them). */
 int sd_use_scalar(void);
 
+/* out[r * ldo + c] for r < m, c < n; w in the file's layout, or repacked when type has SD_X8. */
+int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
+                 float *out, int64_t ldo, int threads);
+
+/* A prepared block linear (gguf_linear.GGUFLinear): its kernel calls write consecutive output
+ * columns of one [m, out_features] output; the struct mirrors gguf_linear.BlockCalls. */
+#define SD_LINEAR_CALLS 4 /* kernel calls of one fused linear (parts of different block formats) */
+typedef struct {
+    int32_t codes[SD_LINEAR_CALLS];
+    const uint8_t *weights[SD_LINEAR_CALLS];
+    int64_t rows[SD_LINEAR_CALLS];
+    int32_t calls;
+    int64_t in_features, out_features;
+    const float *bias; /* NULL: none */
+} sd_linear;
+int sd_block_linear(const sd_linear *l, const float *x, int64_t m, int64_t ldx, float *out, int threads);
+
 /* sd_cpu_features() bits: what the CPU and the OS support, whether or not kernels use it yet. */
 #define SD_CPU_AVX2 1        /* AVX2 + FMA + F16C, YMM state saved */
 #define SD_CPU_AVX512 2      /* AVX-512 F/BW/VL/DQ, ZMM and mask state saved */
