@@ -39,6 +39,10 @@ CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
 
 # GGML type ids (``gguf.GGMLQuantizationType``) the kernels execute.
 SUPPORTED_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+# A type code with this flag (SD_ACT16) multiplies the weight with activations quantized to 16 bits
+# per 32 values instead of 8 (``csrc/gguf_q8_0_act16.c``), for these types.
+ACT16 = 0x200
+ACT16_TYPES = (8,)
 
 # The kernel sets, best first. ``SPECDEC_KERNELS`` picks one for the process (tests, A/B runs, a host
 # where a path misbehaves); ``auto``, the default, takes the best this CPU and OS support.

@@ -3,8 +3,10 @@
 The weight stays in the file's block format (Q4_K, Q6_K, Q8_0, ...): fewer bytes per weight than
 int8 (4.5 bits for Q4_K against 8), and no second rounding: the model served is the model the user
 downloaded. The activations are quantized to 8 bits per row inside the kernel
-(``gguf_kernels``), so every output row depends only on its own input row, bit for bit, whatever
-the number of rows in the call: the same contract as the other CPU kernels (``linear_kernels``).
+(``gguf_kernels``), as llama.cpp does, so every output row depends only on its own input row, bit
+for bit, whatever the number of rows in the call: the same contract as the other CPU kernels
+(``linear_kernels``). Q8_0 blocks made at load from a float weight get 16-bit activations instead
+(``activation_bits``, ``q8_0_blocks``): same contract, closer to fp32.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class BlockWeight:
     ggml_type: int
     blocks: torch.Tensor  # uint8 [out_features, row_bytes]
     in_features: int
+    # the activations' bits in the kernel: 8 (as llama.cpp), or 16 (Q8_0 only; ``q8_0_blocks``)
+    activation_bits: int = 8
 
     @property
     def out_features(self) -> int:
@@ -37,7 +41,8 @@ class BlockWeight:
     def rows(self, index: torch.Tensor | list[int]) -> "BlockWeight":
         """Only the output rows ``index``, in that order (a row of blocks is self-contained)."""
         index = torch.as_tensor(index, dtype=torch.long, device=self.blocks.device)
-        return BlockWeight(self.ggml_type, self.blocks.index_select(0, index).contiguous(), self.in_features)
+        return BlockWeight(self.ggml_type, self.blocks.index_select(0, index).contiguous(), self.in_features,
+                           self.activation_bits)
 
     def dequantize_rows(self, index: torch.Tensor) -> torch.Tensor:
         """Float32 rows ``index`` of the weight: a token embedding served from its blocks (each
@@ -67,8 +72,12 @@ class BlockCalls(ctypes.Structure):
 
 
 def executable(weight: BlockWeight) -> bool:
-    """True when the kernels run this format with this row length."""
+    """True when the kernels run this format with this row length (and these activations)."""
     if weight.ggml_type not in gguf_kernels.SUPPORTED_TYPES:
+        return False
+    if weight.activation_bits not in (8, 16):
+        return False
+    if weight.activation_bits == 16 and weight.ggml_type not in gguf_kernels.ACT16_TYPES:
         return False
     return gguf_kernels.row_bytes(weight.ggml_type, weight.in_features) == weight.blocks.shape[1]
 
@@ -87,18 +96,22 @@ class GGUFLinear(PreparedLinear):
         for part in parts:  # neighbours of one format become one kernel call
             if not executable(part):
                 raise ValueError(f"the block kernels cannot run {part.type_name} with {in_features} inputs")
-            if merged and merged[-1].ggml_type == part.ggml_type:
+            if merged and (merged[-1].ggml_type, merged[-1].activation_bits) == (part.ggml_type, part.activation_bits):
                 last = merged.pop()
-                part = BlockWeight(part.ggml_type, torch.cat([last.blocks, part.blocks]), in_features)
-            merged.append(BlockWeight(part.ggml_type, part.blocks.contiguous(), in_features))
+                part = BlockWeight(part.ggml_type, torch.cat([last.blocks, part.blocks]), in_features,
+                                   part.activation_bits)
+            merged.append(BlockWeight(part.ggml_type, part.blocks.contiguous(), in_features, part.activation_bits))
         super().__init__(in_features, sum(p.out_features for p in merged))
-        self.formats = [p.type_name for p in merged]
+        self.formats = [p.type_name + (" (16-bit act)" if p.activation_bits == 16 else "") for p in merged]
         # (type code, bytes, output rows) per kernel call, in the active kernels' fastest layout;
         # the file's layout is not kept beside a repacked copy
         self.calls: list[tuple[int, torch.Tensor, int]] = []
         for part in merged:
-            packed = gguf_kernels.repack(part.ggml_type, part.blocks, in_features)
-            code, data = packed if packed is not None else (part.ggml_type, part.blocks)
+            if part.activation_bits == 16:  # the 16-bit-activation tiles read the file's layout
+                code, data = part.ggml_type | gguf_kernels.ACT16, part.blocks
+            else:
+                packed = gguf_kernels.repack(part.ggml_type, part.blocks, in_features)
+                code, data = packed if packed is not None else (part.ggml_type, part.blocks)
             self.calls.append((code, data, part.out_features))
         self.bias = None if bias is None else bias.detach().float().contiguous()
         if len(self.calls) > LINEAR_CALLS:

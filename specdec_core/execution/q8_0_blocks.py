@@ -4,10 +4,14 @@ Why: per-row int8 (``linear_kernels.RowInt8Linear``, one scale per output channe
 garbles small models (SmolLM2-135M's greedy ``def quicksort(arr):`` degenerates into
 ``return [xortortort...``) and on Qwen2.5-1.5B agrees with fp32 on only 0.945 of top-1 tokens,
 worse than the 4-bit GGUF file. GGML's Q8_0 keeps one fp16 scale per 32 weights (8.5 bits a
-weight), and the block kernels already run it with each activation row quantized on its own (one
-scale per 32 values), so a row's result never depends on the other rows of the call: the same
-batch-invariance contract as every CPU kernel. ``--quantize gguf`` serves a GGUF file's own blocks
-and these blocks for every other layer; it is the CPU default where the kernels are vectorized.
+weight). The block kernels multiply these blocks with activations quantized to 16 bits per 32
+values (``csrc/gguf_q8_0_act16.c``), not with the 8-bit ones they give a GGUF file's blocks (as
+llama.cpp does): on the 1.5B (950 positions, ``clients/tools/quant_quality.py``) Q8_0 with 8-bit
+activations kept 0.988 of fp32's top-1 tokens (KL 0.0040 nats), with float32 activations 0.998
+(KL 0.00013); the activations' rounding was the loss. A row's result never depends on the other
+rows of the call: the same batch-invariance contract as every CPU kernel.
+``--quantize gguf`` serves a GGUF file's own blocks and these blocks for every other layer; it is
+the CPU default where the kernels are vectorized.
 
 The quantization is the ``gguf`` package's, which is bit-exact to ggml's reference
 (``quantize_row_q8_0_ref``): the weights are the ones llama.cpp would make of the same tensor.
@@ -52,8 +56,9 @@ def quantize_q8_0(weight: torch.Tensor) -> BlockWeight:
 
 
 def q8_0_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> GGUFLinear | None:
-    """The block layer serving ``weight`` as Q8_0, or None when the kernels cannot run its row
-    length (the caller keeps its fallback)."""
+    """The block layer serving ``weight`` as Q8_0 with 16-bit activations, or None when the
+    kernels cannot run its row length (the caller keeps its fallback)."""
     if not quantizable(weight):
         return None
-    return GGUFLinear([quantize_q8_0(weight)], bias)
+    blocks = quantize_q8_0(weight)
+    return GGUFLinear([BlockWeight(blocks.ggml_type, blocks.blocks, blocks.in_features, activation_bits=16)], bias)

@@ -2,11 +2,11 @@
 
 1. the product equals, within float32 accumulation rounding, the exact (float64) product of the
    ``gguf`` package's own dequantization of the blocks and the activations quantized per row to
-   8 bits (one scale per 32 values);
+   8 bits (one scale per 32 values), or to 16 bits for Q8_0 made at load;
 2. a row's result is bit-identical (``torch.equal``) alone, in 5 or 16 rows, on 1 or 2 threads;
 3. the fused layer (mixed formats, one output) equals its parts, and a row subset its rows;
-4. ``--quantize gguf`` on a float weight makes ggml's own Q8_0 blocks at load (per-row int8 where
-   a row is not a multiple of 32).
+4. ``--quantize gguf`` on a float weight makes ggml's own Q8_0 blocks at load, multiplied with
+   16-bit activations (per-row int8 where a row is not a multiple of 32).
 
 Every format runs on both the AVX2 kernels (where the CPU has them) and the portable ones.
 """
@@ -28,6 +28,9 @@ from tests.helpers.gguf_blocks import blocks_for, use_kernel_set
 
 T = GGMLQuantizationType
 FORMATS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+# (format, activation bits): every file format with 8-bit activations, and Q8_0 made at load with 16
+KERNELS = [(t, 8) for t in FORMATS] + [(T.Q8_0, 16)]
+KERNEL_IDS = [f"{t.name}x{bits}" for t, bits in KERNELS]
 IMPLS = list(gguf_kernels.KERNEL_SETS)  # every set, each bit for bit against the dequantized product
 
 
@@ -38,14 +41,15 @@ def _kernels():
     gguf_kernels.select_kernels("auto")
 
 
-def quantize_rows(x: np.ndarray, block: int) -> np.ndarray:
+def quantize_rows(x: np.ndarray, block: int, bits: int = 8) -> np.ndarray:
     """The activations as the kernel sees them: per row and block of ``block`` values, scale
-    max|x| / 127, values rounded half to even; returned dequantized, in float64."""
+    max|x| / 127 (8 bits) or / 32767 (16), values rounded half to even; returned dequantized, in float64."""
+    qmax = np.float32(2 ** (bits - 1) - 1)
     v = x.astype(np.float32).reshape(x.shape[0], -1, block)
     amax = np.abs(v).max(axis=-1, keepdims=True)
-    inv = np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
-    q = np.clip(np.rint(v * inv), -127, 127)
-    return (q.astype(np.float64) * (amax / np.float32(127.0)).astype(np.float64)).reshape(x.shape)
+    inv = np.where(amax > 0, qmax / np.where(amax > 0, amax, 1), np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(v * inv), -qmax, qmax)
+    return (q.astype(np.float64) * (amax / qmax).astype(np.float64)).reshape(x.shape)
 
 
 def activations(rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -57,50 +61,51 @@ def activations(rows: int, cols: int, seed: int) -> torch.Tensor:
     return x
 
 
-def run(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tensor, threads: int = 2) -> torch.Tensor:
+def run(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tensor, threads: int = 2, bits: int = 8) -> torch.Tensor:
     out = torch.empty(x.shape[0], blocks.shape[0])
-    gguf_kernels.gemm(int(qtype), torch.from_numpy(np.ascontiguousarray(blocks)), x, out, threads)
+    code = int(qtype) | (gguf_kernels.ACT16 if bits == 16 else 0)
+    gguf_kernels.gemm(code, torch.from_numpy(np.ascontiguousarray(blocks)), x, out, threads)
     return out
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
-def test_kernel_equals_dequantized_product(qtype, impl):
+@pytest.mark.parametrize("qtype, bits", KERNELS, ids=KERNEL_IDS)
+def test_kernel_equals_dequantized_product(qtype, bits, impl):
     use_kernel_set(impl)
     n, k = 40, 768
     blocks = blocks_for(qtype, n, k, seed=int(qtype))
     x = activations(6, k, seed=1)
     weight = quants.dequantize(blocks, qtype).astype(np.float64)
-    want = quantize_rows(x.numpy(), 32) @ weight.T
-    got = run(qtype, blocks, x).double().numpy()
+    want = quantize_rows(x.numpy(), 32, bits) @ weight.T
+    got = run(qtype, blocks, x, bits=bits).double().numpy()
     # float32 accumulation of exact integer block sums: relative to the row's sum of |terms|
-    scale = np.abs(quantize_rows(x.numpy(), 32)) @ np.abs(weight).T
+    scale = np.abs(quantize_rows(x.numpy(), 32, bits)) @ np.abs(weight).T
     assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-30), np.abs(got - want).max()
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
-def test_rows_bit_identical_alone_and_batched(qtype, impl):
+@pytest.mark.parametrize("qtype, bits", KERNELS, ids=KERNEL_IDS)
+def test_rows_bit_identical_alone_and_batched(qtype, bits, impl):
     use_kernel_set(impl)
     n, k = 37, 512
     blocks = blocks_for(qtype, n, k, seed=7)
     x = activations(16, k, seed=2)
-    full = run(qtype, blocks, x)
-    assert torch.equal(run(qtype, blocks, x, threads=1), full)
+    full = run(qtype, blocks, x, bits=bits)
+    assert torch.equal(run(qtype, blocks, x, threads=1, bits=bits), full)
     for m in (1, 5):
         for start in range(0, 16 - m + 1, 3):
-            assert torch.equal(run(qtype, blocks, x[start:start + m]), full[start:start + m]), (m, start)
+            assert torch.equal(run(qtype, blocks, x[start:start + m], bits=bits), full[start:start + m]), (m, start)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("qtype", FORMATS, ids=lambda t: t.name)
-def test_every_row_count_gives_each_row_the_bits_it_gets_alone(qtype, impl):
+@pytest.mark.parametrize("qtype, bits", KERNELS, ids=KERNEL_IDS)
+def test_every_row_count_gives_each_row_the_bits_it_gets_alone(qtype, bits, impl):
     """The layer as the runner builds it (repacked where the active kernels repack): each row of
     an M-row call, M in 1..17 (tiles of several rows plus a remainder), equals that row alone,
     on 1 and 2 threads; 37 outputs leave a partial last group of 8 columns."""
     use_kernel_set(impl)
     n, k = 37, 512
-    layer = GGUFLinear([BlockWeight(int(qtype), torch.from_numpy(blocks_for(qtype, n, k, seed=11)), k)], None)
+    layer = GGUFLinear([BlockWeight(int(qtype), torch.from_numpy(blocks_for(qtype, n, k, seed=11)), k, bits)], None)
     x = activations(17, k, seed=12)
     alone = torch.cat([layer(x[r:r + 1]) for r in range(17)])
     for m in (2, 3, 5, 8, 16, 17):
@@ -217,9 +222,11 @@ def test_float_weights_get_ggmls_q8_0_blocks_at_load():
     assert np.array_equal(blocks.blocks.numpy(), quants.quantize(weight.numpy(), T.Q8_0))
     bias = torch.randn(300, generator=gen)
     layer = prepare_linear(weight, bias, "gguf")
-    assert isinstance(layer, GGUFLinear) and layer.formats == ["Q8_0"]
+    assert isinstance(layer, GGUFLinear) and layer.formats == ["Q8_0 (16-bit act)"]
     x = activations(5, 320, seed=9)
-    assert torch.equal(layer(x), GGUFLinear([blocks], bias)(x))
+    with16 = BlockWeight(blocks.ggml_type, blocks.blocks, blocks.in_features, activation_bits=16)
+    assert torch.equal(layer(x), GGUFLinear([with16], bias)(x))
+    assert not torch.equal(layer(x), GGUFLinear([blocks], bias)(x))  # not the file blocks' 8-bit activations
     assert all(torch.equal(layer(x[i:i + 1]), layer(x)[i:i + 1]) for i in range(5))
     assert isinstance(prepare_linear(torch.randn(8, 48), None, "gguf"), RowInt8Linear)  # 48: no Q8_0 row
 
@@ -230,6 +237,11 @@ def test_unsupported_format_or_length_refused():
         GGUFLinear([BlockWeight(int(T.Q4_K), torch.zeros(4, 54, dtype=torch.uint8), k)], None)
     with pytest.raises(ValueError):
         GGUFLinear([BlockWeight(int(T.Q2_K), torch.zeros(4, 84, dtype=torch.uint8), 256)], None)
+    with pytest.raises(ValueError):  # 16-bit activations: Q8_0 only, in the kernels as here
+        GGUFLinear([BlockWeight(int(T.Q4_0), torch.zeros(4, 18, dtype=torch.uint8), 32, activation_bits=16)], None)
+    out = torch.empty(1, 4)
+    with pytest.raises(ValueError):
+        gguf_kernels.gemm(int(T.Q4_0) | gguf_kernels.ACT16, torch.zeros(4, 18, dtype=torch.uint8), torch.ones(1, 32), out)
 
 
 def test_the_extension_built_at_install_is_the_sources_the_module_would_compile():

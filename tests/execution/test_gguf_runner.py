@@ -76,7 +76,7 @@ def test_blocks_serve_every_linear(kquant_model):
 def test_q8_0_blocks_made_at_load_without_file_blocks(kquant_model):
     run = make_runner(kquant_model, "gguf", file_blocks=False)
     layers = [m for m in run.native.modules() if hasattr(m, "kernel")]
-    assert layers and all(isinstance(m, GGUFLinear) and m.formats == ["Q8_0"] for m in layers)
+    assert layers and all(isinstance(m, GGUFLinear) and m.formats == ["Q8_0 (16-bit act)"] for m in layers)
 
 
 @pytest.mark.parametrize("file_blocks", [True, False], ids=["file_blocks", "q8_0_at_load"])

@@ -12,17 +12,9 @@
 
 #include "gguf_kernels.h"
 
-#define INLINE static inline __attribute__((always_inline))
-/* fixed-count loops fully unrolled: the per-row accumulator arrays then live in registers */
-#define UNROLL _Pragma("GCC unroll 8")
-#define ROW(type, r) ((const type *)(act + (size_t)(r) * stride))
+#include "avx2_common.h"
 
-INLINE float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#define ROW(type, r) ((const type *)(act + (size_t)(r) * stride))
 
 INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -81,7 +73,7 @@ INLINE void tile32(int type, const uint8_t *w, int nb, const uint8_t *act, size_
         }
     }
     UNROLL
-    for (int r = 0; r < R; r++) out[r * ldo] = hsum(acc[r]) + summ[r];
+    for (int r = 0; r < R; r++) out[r * ldo] = hsum8(acc[r]) + summ[r];
 }
 
 /* Q4_K / Q5_K: sc/min unpacked with ggml's mask trick; bytes 0..7 scales, 8..15 mins. */
@@ -138,7 +130,7 @@ INLINE void tile_k45(const int five, const uint8_t *w, int nb, const uint8_t *ac
         }
     }
     UNROLL
-    for (int r = 0; r < R; r++) out[r * ldo] = hsum(acc[r]);
+    for (int r = 0; r < R; r++) out[r * ldo] = hsum8(acc[r]);
 }
 
 /* Q6_K: 6-bit unsigned q (the -32 comes back through the exact activation sums), one int8 scale
@@ -194,7 +186,7 @@ INLINE void tile_q6k(const uint8_t *w, int nb, const uint8_t *act, size_t stride
         }
     }
     UNROLL
-    for (int r = 0; r < R; r++) out[r * ldo] = hsum(acc[r]);
+    for (int r = 0; r < R; r++) out[r * ldo] = hsum8(acc[r]);
 }
 
 /* One instantiation per (format, tile size): R is a constant inside each. */

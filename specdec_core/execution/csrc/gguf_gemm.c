@@ -87,10 +87,12 @@ int sd_use_scalar(void) {
 
 static tile_fn select_tile(int type) {
     sd_use_scalar();
+    const int act16 = type & SD_ACT16;
+    type &= 0xff;
 #if defined(__x86_64__) || defined(__i386__)
-    if (!use_scalar) return sd_avx2_tile(type);
+    if (!use_scalar) return act16 ? sd_avx2_act16_tile(type) : sd_avx2_tile(type);
 #endif
-    return sd_scalar_tile(type);
+    return act16 ? sd_scalar_act16_tile(type) : sd_scalar_tile(type);
 }
 
 static int block_values(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K ? QK_K : QK32; }
@@ -165,8 +167,8 @@ int sd_gguf_x8_repack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_
          : type == T_Q6_K ? sd_gguf_x8_q6k_pack(raw, n, k, dst) : sd_gguf_x8_32_pack(type, raw, n, k, dst);
 }
 
-/* out[r * ldo + c] for r < m, c < n; w in the file's layout, or repacked when type has SD_X8.
- * Returns 0, or -EINVAL for an unsupported type, k or layout, -ENOMEM. */
+/* out[r * ldo + c] for r < m, c < n; w in the file's layout, or repacked when type has SD_X8; x
+ * quantized per row to 8 bits, or to 16 when type has SD_ACT16. Returns 0, or -EINVAL for an unsupported type, k or layout, -ENOMEM. */
 int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
                  float *out, int64_t ldo, int threads) {
     group_fn group = NULL;
@@ -177,15 +179,20 @@ int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *
         group = type == T_Q4_K ? sd_q4k_x8_tile : type == T_Q6_K ? sd_q6k_x8_tile : sd_x8_32_tile(type);
 #endif
     }
-    const int64_t row_bytes = sd_gguf_row_bytes(type, k);
+    const int act16 = type & SD_ACT16; /* never with SD_X8: refused above */
+    const int64_t row_bytes = sd_gguf_row_bytes(type & 0xff, k);
     const tile_fn tile = row_bytes ? select_tile(type) : NULL;
     if (!tile || m < 0 || n < 0) return -EINVAL;
     if (m == 0 || n == 0) return 0;
+    type &= 0xff;
     const int kq = block_values(type) == QK_K;
-    const int64_t act_stride = sd_act_row_bytes(kq, k);
+    const int64_t act_stride = act16 ? sd_act16_row_bytes(k) : sd_act_row_bytes(kq, k);
     uint8_t *act = aligned_alloc(64, (size_t)((act_stride * m + 63) / 64 * 64));
     if (!act) return -ENOMEM;
-    sd_quantize_rows(kq, x, k, m, ldx, act, act_stride);
+    if (act16)
+        sd_quantize_rows16(x, k, m, ldx, act, act_stride);
+    else
+        sd_quantize_rows(kq, x, k, m, ldx, act, act_stride);
     job_t j = {tile, group, w, act, n, m, ldo, row_bytes, act_stride, group ? sd_gguf_x8_size(type, 8, k) : 0,
                (int)(k / block_values(type)), threads < 1 ? 1 : threads, out};
     const int64_t units = group ? (n + 7) / 8 : n;

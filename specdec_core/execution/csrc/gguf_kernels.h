@@ -46,6 +46,8 @@ typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d;
 typedef struct { int8_t qs[QK_K]; int16_t bsum16[16]; int16_t bsum32[8]; float d32[8]; float s32[8]; } act_k;
 /* Activations for the 32-blocks: one scale per 32 values (like ggml's Q8_0/Q8_1); s = d * sum(qs). */
 typedef struct { int8_t qs[QK32]; float d; float s; int32_t sum; } act_32; /* sum = sum(qs) */
+/* Activations quantized to 16 bits for Q8_0 weights made at load (SD_ACT16): one scale per 32 values. */
+typedef struct { int16_t qs[QK32]; float d; } act_16;
 
 /* Computes out[r * ldo] for r < rows (1..ROW_TILE) of one weight row against `rows` activation rows
  * starting at `act`, each `act_stride` bytes apart; `nb` blocks per row. */
@@ -59,6 +61,8 @@ void sd_q4k_scale_min(const uint8_t *scales, uint8_t *sc, uint8_t *mn);
 typedef void (*group_fn)(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out,
                          size_t ldo, int ncols);
 #define SD_X8 0x100 /* type flag: the weight is repacked 8 columns at a time (gguf_x8.c) */
+/* type flag: the activations are quantized to 16 bits, not 8 (Q8_0 only; gguf_q8_0_act16.c) */
+#define SD_ACT16 0x200
 
 int64_t sd_gguf_x8_bytes(int type, int64_t n, int64_t k);
 int sd_gguf_x8_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst);
@@ -72,10 +76,15 @@ int sd_gguf_x8_q6k_pack(const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst);
 int64_t sd_act_row_bytes(int kq, int64_t k);
 void sd_quantize_rows(int kq, const float *x, int64_t k, int64_t m, int64_t ldx, uint8_t *act, int64_t stride);
 tile_fn sd_scalar_tile(int type);
+/* SD_ACT16: act_16 rows (gguf_q8_0_act16.c), the same bytes for every kernel set. */
+int64_t sd_act16_row_bytes(int64_t k);
+void sd_quantize_rows16(const float *x, int64_t k, int64_t m, int64_t ldx, uint8_t *act, int64_t stride);
+tile_fn sd_scalar_act16_tile(int type);
 /* 1 where the portable scalar kernels run (no AVX2/FMA/F16C, or a test asked for them). */
 int sd_use_scalar(void);
 
-/* out[r * ldo + c] for r < m, c < n; w in the file's layout, or repacked when type has SD_X8. */
+/* out[r * ldo + c] for r < m, c < n; w in the file's layout, or repacked when type has SD_X8; x
+ * quantized per row to 8 bits, or to 16 when type has SD_ACT16. */
 int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
                  float *out, int64_t ldo, int threads);
 
@@ -106,6 +115,7 @@ int sd_gguf_set_pool(int own);
 
 #if defined(__x86_64__) || defined(__i386__)
 tile_fn sd_avx2_tile(int type);
+tile_fn sd_avx2_act16_tile(int type);
 group_fn sd_x8_32_tile(int type);
 void sd_q6k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out, size_t ldo,
                     int ncols);

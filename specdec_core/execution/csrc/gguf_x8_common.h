@@ -6,8 +6,7 @@
 
 #include <string.h>
 
-#define INLINE static inline __attribute__((always_inline))
-#define UNROLL _Pragma("GCC unroll 8")
+#include "avx2_common.h"
 
 /* The signature of a tile of R rows of one 8-column group (the kernels instantiate R = 1..6). */
 #define X8_ARGS const uint8_t *w, int nb, const uint8_t *act, size_t stride, float *out, size_t ldo, int ncols

@@ -74,12 +74,7 @@ static void head_scalar(const attend_job *j, int64_t r, int h) {
 #pragma GCC target("avx2,fma")
 #include <immintrin.h>
 
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "avx2_common.h"
 
 /* s[c] = q . k_c for 4 keys at once (each key's products summed in one fixed order; a key
  * scored alone is passed four times, so every key of a row is scored the same way). */
