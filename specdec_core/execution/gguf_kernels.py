@@ -7,7 +7,9 @@ downloaded. The kernel quantizes each activation row to 8 bits on its own, one s
 values (like ggml's Q8_0; ggml gives the K-quants one scale per 256 values, Q8_K, which on
 Qwen2.5-1.5B's outlier channels costs KL 0.15 nats against fp32 where per-32 costs 0.003: an
 emulation on the dequantized weights, three prompts), so a row's result never depends on the
-other rows of the call.
+other rows of the call. Q8_0 blocks made at load from a float weight (``q8_0_blocks``) are
+multiplied with activations quantized to 16 bits instead (``ACT16``): 8-bit activations were
+most of what those blocks lost against fp32.
 
 The library is built at install (``setup.py``, an optional extension: an install without a C
 compiler still succeeds) or, failing that, compiled on first use with ``cc`` into the cache

@@ -175,7 +175,8 @@ def test_smollm2_default_cpu_mode_keeps_fp32s_answer(smol_safetensors):
     """The CPU default for a safetensors model must not make the model worse: on
     ``def quicksort(arr):`` fp32 answers ``return sorted_arr ...``; per-row int8 (the default
     until 2026-11-28) answers ``if len(arr) <= 1: ... return [xortortort...`` and fails both
-    checks (KL 0.045 nats on these positions), Q8_0 made at load keeps the answer (KL 0.004)."""
+    checks (KL 0.045 nats on these positions); Q8_0 made at load keeps the answer, with KL 0.0050
+    under 8-bit activations (until 2026-11-29: fails the KL bound) and 0.0012 under 16-bit ones."""
     loaded = smol_safetensors
     mode = DeviceProfile.decide("cpu", "float32", "auto").kernels
     if mode != "gguf":
@@ -195,4 +196,4 @@ def test_smollm2_default_cpu_mode_keeps_fp32s_answer(smol_safetensors):
     got = run.forward([ForwardItem(region(0, 256), 0, full, len(full))])[len(ids) - 1:-1]
     lp, lq = torch.log_softmax(fp32, -1), torch.log_softmax(got, -1)
     kl = (lp.exp() * (lp - lq)).sum(-1).mean().item()
-    assert kl < 0.015, kl
+    assert kl < 0.0025, kl
