@@ -58,7 +58,8 @@ def bind(path: Path) -> ctypes.CDLL:
     lib.sd_gguf_x8_type.argtypes = [ctypes.c_int]
     lib.sd_gguf_x8_size.argtypes = [ctypes.c_int, i64, i64]
     lib.sd_gguf_x8_size.restype = i64
-    lib.sd_gguf_x8_repack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
+    # the thread count came later (an older build ignores the extra argument)
+    lib.sd_gguf_x8_repack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
     lib.sd_gguf_set_impl(0)
     return lib
 
@@ -72,7 +73,7 @@ def prepare(lib: ctypes.CDLL, qtype: int, raw, n: int, k: int):
     if not size:
         return qtype, raw
     packed = torch.empty(size, dtype=torch.uint8)
-    if lib.sd_gguf_x8_repack(qtype, raw.data_ptr(), n, k, packed.data_ptr()) != 0:
+    if lib.sd_gguf_x8_repack(qtype, raw.data_ptr(), n, k, packed.data_ptr(), 1) != 0:
         raise RuntimeError("repack failed")
     return code, packed
 

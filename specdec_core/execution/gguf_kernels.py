@@ -82,7 +82,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.sd_gguf_x8_type.restype = ctypes.c_int
     lib.sd_gguf_x8_size.argtypes = [ctypes.c_int, i64, i64]
     lib.sd_gguf_x8_size.restype = i64
-    lib.sd_gguf_x8_repack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr]
+    lib.sd_gguf_x8_repack.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, ctypes.c_int]
     lib.sd_gguf_x8_repack.restype = ctypes.c_int
     lib.sd_act_row_bytes.argtypes = [ctypes.c_int, i64]
     lib.sd_act_row_bytes.restype = i64
@@ -293,7 +293,7 @@ def repack(ggml_type: int, blocks: torch.Tensor, in_features: int) -> tuple[int,
         return None
     blocks = blocks.contiguous()
     packed = torch.empty(size, dtype=torch.uint8)
-    if lib.sd_gguf_x8_repack(ggml_type, blocks.data_ptr(), n, in_features, packed.data_ptr()) != 0:
+    if lib.sd_gguf_x8_repack(ggml_type, blocks.data_ptr(), n, in_features, packed.data_ptr(), torch.get_num_threads()) != 0:
         return None
     return code, packed
 

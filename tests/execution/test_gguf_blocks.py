@@ -165,6 +165,17 @@ def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype):
     for m in (1, 5, 7):
         for start in range(0, 16 - m + 1, 3):
             assert torch.equal(run_repacked(qtype, blocks, x[start:start + m]), full[start:start + m]), (m, start)
+    threads = torch.get_num_threads()  # the repacking splits its groups of 8 rows over threads
+    try:
+        torch.set_num_threads(1)
+        alone = gguf_kernels.repack(int(qtype), torch.from_numpy(blocks), k)
+    finally:
+        torch.set_num_threads(threads)
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(gguf_kernels.repack(int(qtype), torch.from_numpy(blocks), k)[1], alone[1])
+    finally:
+        torch.set_num_threads(threads)
     gguf_kernels.select_kernels("portable")  # a repacked weight is refused by the portable kernels
     with pytest.raises(ValueError):
         gguf_kernels.gemm(int(T.Q4_K) | 0x100, torch.zeros(1184, dtype=torch.uint8), x[:1], torch.empty(1, 8))

@@ -162,9 +162,30 @@ int64_t sd_gguf_x8_size(int type, int64_t n, int64_t k) {
          : type == T_Q6_K ? sd_gguf_x8_q6k_bytes(n, k) : sd_gguf_x8_32_bytes(type, n, k);
 }
 
-int sd_gguf_x8_repack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst) {
-    return type == T_Q4_K ? sd_gguf_x8_pack(type, raw, n, k, dst)
-         : type == T_Q6_K ? sd_gguf_x8_q6k_pack(raw, n, k, dst) : sd_gguf_x8_32_pack(type, raw, n, k, dst);
+typedef struct {
+    pack_fn pack;
+    int type, parts;
+    const uint8_t *raw;
+    int64_t n, k;
+    uint8_t *dst;
+} repack_t;
+
+static void repack_part(const void *job, int part) {
+    const repack_t *j = (const repack_t *)job;
+    const int64_t groups = (j->n + 7) / 8;
+    j->pack(j->type, j->raw, j->n, j->k, j->dst, groups * part / j->parts, groups * (part + 1) / j->parts);
+}
+
+/* The repacked layout of n rows of k values into dst (sd_gguf_x8_size bytes), on up to `threads`
+ * threads (a model's repacking was ~6 s of a default pair's start on one thread). 0, or -1 when
+ * there is no such layout. */
+int sd_gguf_x8_repack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst, int threads) {
+    if (!sd_gguf_x8_size(type, n, k)) return -1;
+    repack_t j = {type == T_Q4_K ? sd_gguf_x8_pack : type == T_Q6_K ? sd_gguf_x8_q6k_pack : sd_gguf_x8_32_pack,
+                  type, threads < 1 ? 1 : threads, raw, n, k, dst};
+    if ((int64_t)j.parts > (n + 7) / 8) j.parts = (int)((n + 7) / 8);
+    sd_run_parts(repack_part, &j, j.parts, j.parts);
+    return 0;
 }
 
 /* out[r * ldo + c] for r < m, c < n; w in the file's layout, or repacked when type has SD_X8; x

@@ -64,12 +64,16 @@ typedef void (*group_fn)(const uint8_t *w, int nb, const uint8_t *act, size_t st
 /* type flag: the activations are quantized to 16 bits, not 8 (Q8_0 only; gguf_q8_0_act16.c) */
 #define SD_ACT16 0x200
 
+/* The repacked layouts: their sizes (0: not for this type and k), and the packing of the groups of
+ * 8 rows g0 <= g < g1 (each group's bytes depend on its own rows only: sd_gguf_x8_repack runs
+ * ranges of groups on threads). */
+typedef void (*pack_fn)(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst, int64_t g0, int64_t g1);
 int64_t sd_gguf_x8_bytes(int type, int64_t n, int64_t k);
-int sd_gguf_x8_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst);
+void sd_gguf_x8_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst, int64_t g0, int64_t g1);
 int64_t sd_gguf_x8_32_bytes(int type, int64_t n, int64_t k);
-int sd_gguf_x8_32_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst);
+void sd_gguf_x8_32_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst, int64_t g0, int64_t g1);
 int64_t sd_gguf_x8_q6k_bytes(int64_t n, int64_t k);
-int sd_gguf_x8_q6k_pack(const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst);
+void sd_gguf_x8_q6k_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst, int64_t g0, int64_t g1);
 
 /* Rows r < m of x (ldx floats apart) quantized to act + r * stride: act_k blocks when kq, else
  * act_32 (gguf_act_quant.c). */

@@ -35,10 +35,10 @@ int64_t sd_gguf_x8_bytes(int type, int64_t n, int64_t k) {
 
 /* raw: n rows of k/256 Q4_K blocks; dst: sd_gguf_x8_bytes bytes. Missing columns of the last
  * group are zero (they compute zeros that are never stored). */
-int sd_gguf_x8_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst) {
-    if (!sd_gguf_x8_bytes(type, n, k)) return -1;
-    const int64_t nb = k / QK_K, groups = (n + 7) / 8;
-    for (int64_t g = 0; g < groups; g++) {
+void sd_gguf_x8_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst, int64_t g0, int64_t g1) {
+    (void)type;
+    const int64_t nb = k / QK_K;
+    for (int64_t g = g0; g < g1; g++) {
         for (int64_t b = 0; b < nb; b++) {
             q4k_x8 *x = (q4k_x8 *)dst + g * nb + b;
             memset(x, 0, sizeof *x);
@@ -52,16 +52,18 @@ int sd_gguf_x8_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t 
                     x->sc[s][c] = sc[s];
                     x->mn[s][c] = mn[s];
                 }
-                for (int e = 0; e < QK_K; e++) {
-                    const int j = e / 64, l = e % 64;
-                    const uint8_t q = l < 32 ? (src->qs[32 * j + l] & 0xF) : (src->qs[32 * j + l - 32] >> 4);
-                    const int s = e / 32, v = e % 32, hi = v >= 16, u = (v % 16) / 4, i = v % 4;
-                    x->qs[s][u][4 * c + i] |= (uint8_t)(hi ? q << 4 : q);
+                /* sub-block s is the low (s even) or high nibbles of the file's 32 bytes qs[32 (s / 2) ..] */
+                for (int s = 0; s < 8; s++) {
+                    const uint8_t *q = src->qs + 32 * (s / 2);
+                    const int shift = (s & 1) ? 4 : 0;
+                    for (int u = 0; u < 4; u++)
+                        for (int i = 0; i < 4; i++)
+                            x->qs[s][u][4 * c + i] = (uint8_t)(((q[4 * u + i] >> shift) & 0xF) |
+                                                               (((q[16 + 4 * u + i] >> shift) & 0xF) << 4));
                 }
             }
         }
     }
-    return 0;
 }
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -30,44 +30,35 @@ int64_t sd_gguf_x8_32_bytes(int type, int64_t n, int64_t k) {
     return (n + 7) / 8 * (k / QK32) * group_bytes(type);
 }
 
-/* Value v (0..31) of a raw block: unsigned quant for Q4_0/Q5_0, the int8 for Q8_0. */
-static int raw_value(int type, const uint8_t *blk, int v) {
-    if (type == T_Q8_0) return ((const int8_t *)blk)[2 + v];
-    const uint8_t *qs = blk + (type == T_Q5_0 ? 6 : 2);
-    int q = v < 16 ? (qs[v] & 0xF) : (qs[v - 16] >> 4);
-    if (type == T_Q5_0) {
-        uint32_t qh;
-        memcpy(&qh, blk + 2, 4);
-        q |= (int)((qh >> v) & 1) << 4;
-    }
-    return q;
-}
-
-int sd_gguf_x8_32_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst) {
-    if (!sd_gguf_x8_32_bytes(type, n, k)) return -1;
+void sd_gguf_x8_32_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst, int64_t g0, int64_t g1) {
     const int64_t nb = k / QK32, gb = group_bytes(type);
     const int64_t raw_bsize = type == T_Q4_0 ? 18 : type == T_Q5_0 ? 22 : 34;
-    for (int64_t g = 0; g < (n + 7) / 8; g++) {
+    for (int64_t g = g0; g < g1; g++) {
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *x = dst + (g * nb + b) * gb;
             memset(x, 0, (size_t)gb);
             for (int c = 0; c < 8 && g * 8 + c < n; c++) {
                 const uint8_t *blk = raw + ((g * 8 + c) * nb + b) * raw_bsize;
                 memcpy(x + 2 * c, blk, 2);
-                for (int v = 0; v < QK32; v++) {
-                    const int q = raw_value(type, blk, v);
-                    if (type == T_Q8_0) {
-                        x[16 + 32 * (v / 4) + 4 * c + v % 4] = (uint8_t)(int8_t)q;
-                        continue;
+                if (type == T_Q8_0) { /* value 4u + i to [u][4 c + i] */
+                    for (int u = 0; u < 8; u++) memcpy(x + 16 + 32 * u + 4 * c, blk + 2 + 4 * u, 4);
+                    continue;
+                }
+                /* the file's byte v holds values v (low nibble) and 16 + v (high): [p][4 c + i] is byte 4 p + i */
+                const uint8_t *qs = blk + (type == T_Q5_0 ? 6 : 2);
+                for (int p = 0; p < 4; p++) memcpy(x + 16 + 32 * p + 4 * c, qs + 4 * p, 4);
+                if (type == T_Q5_0) { /* bit u of byte 4 c + i: the fifth bit of value 4 u + i */
+                    uint32_t qh;
+                    memcpy(&qh, blk + 2, 4);
+                    for (int i = 0; i < 4; i++) {
+                        uint8_t bits = 0;
+                        for (int u = 0; u < 8; u++) bits |= (uint8_t)(((qh >> (4 * u + i)) & 1) << u);
+                        x[16 + 128 + 4 * c + i] = bits;
                     }
-                    const int hi = v >= 16, p = (v % 16) / 4, i = v % 4;
-                    x[16 + 32 * p + 4 * c + i] |= (uint8_t)(hi ? (q & 0xF) << 4 : (q & 0xF));
-                    if (type == T_Q5_0) x[16 + 128 + 4 * c + i] |= (uint8_t)(((q >> 4) & 1) << (v / 4));
                 }
             }
         }
     }
-    return 0;
 }
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -38,19 +38,12 @@ int64_t sd_gguf_x8_q6k_bytes(int64_t n, int64_t k) {
     return (n + 7) / 8 * (k / QK_K) * (int64_t)sizeof(q6k_x8);
 }
 
-/* The unsigned 6-bit value e (0..255) of a Q6_K block (ggml's layout, as gguf_scalar.c reads it). */
-static int q6_value(const blk_q6_K *x, int e) {
-    const int h = e / 128, g = (e % 128) / 32, l = e % 32;
-    const int lo = x->ql[64 * h + ((g & 1) ? 32 : 0) + l];
-    return ((g & 2) ? lo >> 4 : lo & 0xF) | (((x->qh[32 * h + l] >> (2 * g)) & 3) << 4);
-}
-
 /* raw: n rows of k/256 Q6_K blocks; dst: sd_gguf_x8_q6k_bytes bytes. Missing columns of the
  * last group are zero (they compute zeros that are never stored). */
-int sd_gguf_x8_q6k_pack(const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst) {
-    if (!sd_gguf_x8_q6k_bytes(n, k)) return -1;
+void sd_gguf_x8_q6k_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst, int64_t g0, int64_t g1) {
+    (void)type;
     const int64_t nb = k / QK_K;
-    for (int64_t g = 0; g < (n + 7) / 8; g++) {
+    for (int64_t g = g0; g < g1; g++) {
         for (int64_t b = 0; b < nb; b++) {
             q6k_x8 *x = (q6k_x8 *)dst + g * nb + b;
             memset(x, 0, sizeof *x);
@@ -58,18 +51,21 @@ int sd_gguf_x8_q6k_pack(const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst) 
                 const blk_q6_K *src = (const blk_q6_K *)raw + (g * 8 + c) * nb + b;
                 x->d[c] = src->d;
                 for (int s = 0; s < 16; s++) x->sc[s][c] = src->scales[s];
-                for (int e = 0; e < QK_K; e++) {
-                    const int q = q6_value(src, e), s = e / 16, j = (e % 16) / 4, i = e % 4;
-                    if (j < 3) {
-                        x->q[s].b[j][4 * c + i] |= (uint8_t)q;
-                    } else {
-                        for (int p = 0; p < 3; p++) x->q[s].b[p][4 * c + i] |= (uint8_t)(((q >> (2 * p)) & 3) << 6);
-                    }
+                for (int s = 0; s < 16; s++) {
+                    /* values 16 s + t (ggml's layout: value e is nibble (e % 128) / 64 of ql[64 (e / 128) +
+                     * 32 ((e / 32) % 2) + e % 32], its bits 4-5 bits 2 ((e % 128) / 32) of qh[32 (e / 128) + e % 32]) */
+                    uint8_t v[16];
+                    const int h = s / 8, g = (s % 8) / 2, l0 = 16 * (s % 2), lo_shift = (g & 2) ? 4 : 0, hi_shift = 2 * g;
+                    const uint8_t *ql = src->ql + 64 * h + ((g & 1) ? 32 : 0) + l0, *qh = src->qh + 32 * h + l0;
+                    for (int t = 0; t < 16; t++)
+                        v[t] = (uint8_t)(((ql[t] >> lo_shift) & 0xF) | (((qh[t] >> hi_shift) & 3) << 4));
+                    for (int i = 0; i < 4; i++) /* step 3 (values 12..15) in bits 6-7 of steps 0-2 */
+                        for (int j = 0; j < 3; j++)
+                            x->q[s].b[j][4 * c + i] = (uint8_t)(v[4 * j + i] | (((v[12 + i] >> (2 * j)) & 3) << 6));
                 }
             }
         }
     }
-    return 0;
 }
 
 #if defined(__x86_64__) || defined(__i386__)
