@@ -215,6 +215,28 @@ def test_a_draft_catch_up_is_priced_as_the_prefill_it_is(pair, monkeypatch) -> N
     assert len({tuple(t) for t in calibration._tables(big, 16, 160)}) == calibration.CALIBRATION_TABLES < 16
 
 
+def test_one_table_is_prefilled_and_the_others_get_copies_of_its_blocks(pair) -> None:
+    """A row's work depends on how many cached tokens it attends, not on their values: each runner
+    pays one prefill of the calibration's context, and its other tables hold copies of its rows."""
+    import torch
+
+    from specdec_core.execution.kv_cache import token_rows
+    from specdec_core.speculation import calibration
+
+    target = slot_runner(pair[0].model, 4, 160, vocab_size=49152)
+    tables = calibration._tables(target, 4, 160)[:3]
+    bench = calibration._Bench(160, 3)
+    bench.fill(target, tables)
+    assert len(bench.prefills[id(target)]) == 1 and bench.context == calibration.CALIBRATION_CONTEXT
+    cache, rows = target.cache, bench.context
+    first = torch.tensor(token_rows(tables[0], cache.block_size, 0, rows))
+    assert cache.keys[0][:, first].abs().sum() > 0  # the prefill wrote them
+    for table in tables[1:]:
+        other = torch.tensor(token_rows(table, cache.block_size, 0, rows))
+        assert not set(other.tolist()) & set(first.tolist())
+        assert all(torch.equal(layer[:, other], layer[:, first]) for layer in (*cache.keys, *cache.values))
+
+
 def test_a_rows_cached_tokens_are_rescaled_with_the_level_and_kept_in_the_cache(tmp_path: Path) -> None:
     costs = StepCostModel(CostTable([1, 4], [1.0, 2.0], per_context=0.001, context=100), None)
     twice = 2 * costs.target(4, context_tokens=4 * 600)  # a machine at half the speed
