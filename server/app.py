@@ -122,4 +122,3 @@ async def _load_engine(state: ServerState, host: EngineHost, on_fatal: Callable[
         num_speculative_tokens=engine.num_speculative_tokens,
         max_model_len=engine.max_model_len,
     )
-    engine.warm_in_background()

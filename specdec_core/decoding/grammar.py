@@ -94,9 +94,8 @@ class GrammarCompiler:
 
         Built lazily, it stalled the first constrained request's event loop (1.0-1.3 s for Qwen's
         151k tokens); built before the engine is ready, it delayed every start (4-5 s for Gemma 3's
-        262k). The server starts it once it is ready (``AsyncEngine.warm_in_background``): the
-        build holds the GIL for much of its time, so a request arriving meanwhile waits for it, no
-        longer than it would have waited for the start; ``compile`` waits for the build.
+        262k). llguidance holds the GIL while it builds, so a request arriving meanwhile waits for
+        it, no longer than it would have waited for the start; ``compile`` waits for the build.
         """
         if self.eos_ids:
             threading.Thread(target=self._build_quietly, name="specdec-grammar-warm", daemon=True).start()

@@ -131,13 +131,6 @@ class AsyncEngine:
     def num_unfinished(self) -> int:
         return len(self._streams)
 
-    def warm_in_background(self) -> None:
-        """Start what only some requests need on a background thread (llguidance's view of the
-        tokenizer, ``GrammarCompiler.warm``). The server calls it once it has said it is ready:
-        started while the engine was still being built, that thread held the GIL long enough to
-        delay a Gemma 3 start's ready line by ~4 s."""
-        self.engine.grammars.warm()
-
     def compile_structured(self, spec: StructuredOutput) -> None:
         """Check (and cache) a structured-output spec: ``ValueError`` says why it cannot be
         compiled. Thread-safe and not instant: call it off the event loop."""

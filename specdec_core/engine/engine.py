@@ -156,7 +156,8 @@ class Engine:
         self._request_numbers = itertools.count()  # ids of requests that come without one
         self.costs, self.cost_cache = step_costs(config, self.target, self.draft_runner, target, draft,
                                                  profile, 1 + self.num_speculative_tokens)
-        self.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)  # built on first use or warm()
+        self.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
+        self.grammars.warm()
         self.policy = SpeculationPolicy(method, self.costs, config.adaptive_speculation, self.max_model_len, lookups,
                                         has_draft=self.drafter is not None)
 

@@ -281,7 +281,6 @@ class FakeEngine:
         self.live: set[FakeStream] = set()
         self.submitted = 0  # requests ever added (polling `live` can miss a short-lived one)
         self.shut_down = False
-        self.warmed = False  # warm_in_background was called (the server does once it is ready)
 
     @property
     def is_healthy(self) -> bool:
@@ -314,9 +313,6 @@ class FakeEngine:
         from specdec_core.engine.stats import EngineMetrics
 
         return EngineMetrics(num_running=len(self.live))
-
-    def warm_in_background(self) -> None:
-        self.warmed = True
 
     def shutdown(self) -> None:
         self.shut_down = True

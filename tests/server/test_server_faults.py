@@ -41,13 +41,6 @@ def served(fake: FakeEngine):
         yield srv
 
 
-def test_the_engines_background_warm_up_starts_once_the_server_is_ready(served, fake: FakeEngine) -> None:
-    """llguidance's view of the tokenizer is built after the ready line, not while the engine is
-    built: that thread held the GIL long enough to delay a Gemma 3 start's ready line by ~4 s."""
-    assert httpx.get(served.url + "/health").status_code == 200
-    served.wait_for(lambda: fake.warmed)
-
-
 def error_of(r: httpx.Response, status: int) -> dict:
     assert r.status_code == status, r.text
     err = r.json()["error"]
