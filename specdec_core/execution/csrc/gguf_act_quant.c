@@ -1,4 +1,5 @@
-/* Activation rows quantized to 8 bits for the block kernels: one scale per 32 values.
+/* Activation rows quantized for the block kernels: one scale per 32 values, 8 bits (and 16 for
+ * SD_ACT16, at the end of the file).
  *
  * Why a file of its own, with an AVX2 copy: every GEMM call quantizes its M input rows on the
  * calling thread before the parts start, so a row's quantization is serial work in every linear
@@ -20,14 +21,15 @@
 /* Round half to even for |v| < 2^22, exactly as the FPU's default mode; vectorises everywhere. */
 static inline int round_ne(float v) { return (int)((v + ROUND_MAGIC) - ROUND_MAGIC); }
 
-static float block_scale(const float *v, int n, float *id) {
+/* max |v| / qmax, and qmax / max |v| in *id (0 for an all-zero block). */
+static float block_scale(const float *v, int n, float qmax, float *id) {
     float amax = 0.0f;
     for (int i = 0; i < n; i++) {
         const float a = fabsf(v[i]);
         amax = a > amax ? a : amax; /* fmaxf's result (amax is never NaN), without its libm call */
     }
-    *id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    return amax / 127.0f;
+    *id = amax > 0.0f ? qmax / amax : 0.0f;
+    return amax / qmax;
 }
 
 static inline int8_t quant(float v, float id) {
@@ -61,7 +63,7 @@ static void quantize_row_k_portable(const float *x, int64_t k, act_k *y) {
         const float *v = x + b * QK_K;
         for (int s = 0; s < 8; s++) {
             float id;
-            y[b].d32[s] = block_scale(v + 32 * s, 32, &id);
+            y[b].d32[s] = block_scale(v + 32 * s, 32, 127.0f, &id);
             for (int i = 32 * s; i < 32 * s + 32; i++) y[b].qs[i] = quant(v[i], id);
             store_sums_k(&y[b], s, sum_i8(y[b].qs + 32 * s, 16), sum_i8(y[b].qs + 32 * s + 16, 16));
         }
@@ -72,7 +74,7 @@ static void quantize_row_32_portable(const float *x, int64_t k, act_32 *y) {
     for (int64_t b = 0; b < k / QK32; b++) {
         const float *v = x + b * QK32;
         float id;
-        y[b].d = block_scale(v, QK32, &id);
+        y[b].d = block_scale(v, QK32, 127.0f, &id);
         for (int i = 0; i < QK32; i++) y[b].qs[i] = quant(v[i], id);
         store_sum_32(&y[b], sum_i8(y[b].qs, QK32));
     }
@@ -161,5 +163,25 @@ void sd_quantize_rows(int kq, const float *x, int64_t k, int64_t m, int64_t ldx,
 #endif
         if (kq) quantize_row_k_portable(row, k, (act_k *)dst);
         else quantize_row_32_portable(row, k, (act_32 *)dst);
+    }
+}
+
+/* SD_ACT16 (Q8_0 made at load, gguf_q8_0_act16.c): per 32 values, d = max |v| / 32767 and each
+ * value rounded as above to [-32767, 32767]. One portable loop for every kernel set: it is a
+ * small part of a 16-bit-activation GEMM, whose products cost more than the 8-bit ones. */
+int64_t sd_act16_row_bytes(int64_t k) { return k / QK32 * (int64_t)sizeof(act_16); }
+
+void sd_quantize_rows16(const float *x, int64_t k, int64_t m, int64_t ldx, uint8_t *act, int64_t stride) {
+    for (int64_t r = 0; r < m; r++) {
+        act_16 *y = (act_16 *)(act + r * stride);
+        for (int64_t b = 0; b < k / QK32; b++) {
+            const float *v = x + r * ldx + b * QK32;
+            float id;
+            y[b].d = block_scale(v, QK32, 32767.0f, &id);
+            for (int i = 0; i < QK32; i++) {
+                const int q = round_ne(v[i] * id);
+                y[b].qs[i] = (int16_t)(q > 32767 ? 32767 : q < -32767 ? -32767 : q);
+            }
+        }
     }
 }

@@ -80,7 +80,8 @@ void sd_gguf_x8_q6k_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uin
 int64_t sd_act_row_bytes(int kq, int64_t k);
 void sd_quantize_rows(int kq, const float *x, int64_t k, int64_t m, int64_t ldx, uint8_t *act, int64_t stride);
 tile_fn sd_scalar_tile(int type);
-/* SD_ACT16: act_16 rows (gguf_q8_0_act16.c), the same bytes for every kernel set. */
+/* SD_ACT16: act_16 rows (gguf_act_quant.c), the same bytes for every kernel set; its tiles
+ * (gguf_q8_0_act16.c). */
 int64_t sd_act16_row_bytes(int64_t k);
 void sd_quantize_rows16(const float *x, int64_t k, int64_t m, int64_t ldx, uint8_t *act, int64_t stride);
 tile_fn sd_scalar_act16_tile(int type);

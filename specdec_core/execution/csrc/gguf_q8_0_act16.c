@@ -14,36 +14,7 @@
  * Batch invariance as everywhere: a row is quantized on its own, its integer block sums are
  * exact, and its float steps (one FMA per block, a horizontal sum at the end) are the same
  * instructions whatever the number of rows in the call. */
-#include <string.h>
-
 #include "gguf_kernels.h"
-
-#define ROUND_MAGIC 12582912.0f /* 1.5 * 2^23: adding and subtracting it rounds |v| < 2^22 to even */
-
-int64_t sd_act16_row_bytes(int64_t k) { return k / QK32 * (int64_t)sizeof(act_16); }
-
-/* Per 32 values: d = max |v| / 32767, q = v * (32767 / max |v|) rounded half to even (no FMA
- * contraction: the library is built with -ffp-contract=off). One function for every kernel set,
- * so a row's bytes are the same whichever tiles multiply them. */
-void sd_quantize_rows16(const float *x, int64_t k, int64_t m, int64_t ldx, uint8_t *act, int64_t stride) {
-    for (int64_t r = 0; r < m; r++) {
-        act_16 *y = (act_16 *)(act + r * stride);
-        for (int64_t b = 0; b < k / QK32; b++) {
-            const float *v = x + r * ldx + b * QK32;
-            float amax = 0.0f;
-            for (int i = 0; i < QK32; i++) {
-                const float a = v[i] < 0.0f ? -v[i] : v[i];
-                amax = a > amax ? a : amax;
-            }
-            const float id = amax > 0.0f ? 32767.0f / amax : 0.0f;
-            y[b].d = amax / 32767.0f;
-            for (int i = 0; i < QK32; i++) {
-                const int q = (int)((v[i] * id + ROUND_MAGIC) - ROUND_MAGIC);
-                y[b].qs[i] = (int16_t)(q > 32767 ? 32767 : q < -32767 ? -32767 : q);
-            }
-        }
-    }
-}
 
 static void portable_q8_0_a16(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out,
                               size_t ldo) {
