@@ -2,7 +2,7 @@
 
 A 16-token target and an unrelated draft: the exact target distribution of 2-token continuations
 is enumerated (through the same batch-invariant runner the engine uses, so in int8 it is the int8
-model's distribution), 20,000 speculative samples are drawn through the real engine (drafts for both
+model's distribution), 10,000 speculative samples are drawn through the real engine (drafts for both
 positions, so acceptance, residual resampling and the bonus token all take part), and a
 chi-square test must pass. The same test shows it would catch a sampler that resamples a rejected
 draft from p instead of the residual norm(max(0, p - q)).
@@ -73,7 +73,7 @@ def draw(target, draft, params: SamplingParams, quantize: str, method: str = "dr
     if method == "suffix":
         # Every request's first step drafts two tokens from its own trie; later requests also
         # find earlier requests' outputs in the global trie, which wins some second steps.
-        # (It holds as many 2-token outputs as its token budget allows: 8,192 of the 20,000.)
+        # (It holds as many 2-token outputs as its token budget allows: 8,192 of the 10,000.)
         assert eng.suffix is not None and len(eng.suffix.cache) == eng.config.suffix_cache_tokens // 2
         # With trees, every first step verifies the prompt's two continuations as one tree (its
         # drafts count as the one-token chain it amounts to); the second step drafts from the tries.

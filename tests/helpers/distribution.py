@@ -13,7 +13,7 @@ from specdec_core.decoding.sampling import sample
 from specdec_core.speculation.verifier import VerifyResult, verify
 
 VOCAB = 16
-SAMPLES = 20_000
+SAMPLES = 10_000
 
 
 def build_small_vocab_model(out: Path, seed: int, tokenizer_dir: Path, noise: float = 0.0) -> Path:

@@ -85,6 +85,16 @@ def fuzz_schema(doc: dict[str, Any], name: str) -> dict[str, Any]:
     return schema
 
 
+def valid_bodies(schema: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """Bodies valid under ``schema``, its top-level properties each drawn from its own strategy.
+    (hypothesis-jsonschema re-canonicalises an object schema's merged sub-schemas on every draw:
+    on the chat schema that took 23-38 s of 40 examples, this 11 s. Unknown top-level keys, which
+    it would add, are ``test_arbitrary_bodies``' part.)"""
+    props, required = schema["properties"], set(schema["required"])
+    return st.fixed_dictionaries({name: from_schema(props[name]) for name in props if name in required},
+                                 optional={name: from_schema(props[name]) for name in props if name not in required})
+
+
 def bounded(body: Any, path: str) -> Any:
     """An arbitrary body made cheap to serve; invalid values stay as they are."""
     if not isinstance(body, dict):
@@ -134,7 +144,7 @@ def test_schema_valid_bodies(served: dict[str, Any], name: str) -> None:
     outcomes: Counter[tuple[int, str | None]] = Counter()
 
     @FUZZ
-    @given(body=from_schema(fuzz_schema(served["doc"], name)))
+    @given(body=valid_bodies(fuzz_schema(served["doc"], name)))
     def run(body: dict[str, Any]) -> None:
         outcomes[post(served, path, json.dumps(body).encode())] += 1
 
