@@ -68,7 +68,7 @@ class SpawnedServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.mode} server exited with code {self.proc.returncode}:\n{self.tail()}")
             try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200 and self._calibrated():
                     log(f"{self.mode} server ready at {self.url}")
                     return
             except httpx.HTTPError:
@@ -79,6 +79,12 @@ class SpawnedServer:
                 log(f"waiting for the {self.mode} server (loading models; last log line: {self.tail(1).strip()!r})")
                 next_note = time.monotonic() + 30
             time.sleep(1.0)
+
+    def _calibrated(self) -> bool:
+        """A first start serves on provisional step costs and calibrates in its idle time: the
+        measurement waits for that to end (its forwards would sit between the first requests)."""
+        text = self.log_path.read_text(errors="replace")
+        return "step costs provisional" not in text or "step costs measured while idle" in text
 
     def tail(self, n: int = 20) -> str:
         try:

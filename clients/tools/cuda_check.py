@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     r = run(engine, batch, args.max_tokens, device, probe_at=None if adaptive else 10,
                             logprobs=adaptive == "logprobs")
-                    costs = engine.costs.describe() if method == "auto" else None
+                    costs = engine.step_costs.costs.describe() if method == "auto" else None
                 finally:
                     del engine
                     gc.collect()

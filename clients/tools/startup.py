@@ -6,7 +6,10 @@ directory) and a later one (the same directory), for any model argument.
     python clients/tools/startup.py --model m.gguf --peer build/bin/llama-server --peer-arg=-t --peer-arg=2
 
 Each start is a fresh process on a free loopback port, polled on ``/health`` until it answers
-200; "peak RSS" is the server process's VmHWM at that moment, "written" the bytes under its
+200; "peak RSS" is the server process's VmHWM at that moment; "costs s" is when its step costs
+were saved (a first start becomes ready before its calibration ends, which runs while the
+server is idle; the start is kept running until then, so that the next one finds them);
+"written" the bytes under its
 ``SPECDEC_CACHE_DIR`` (the cache is the only place specdec writes to). ``--peer`` starts
 llama.cpp's ``llama-server`` on the same GGUF file after ours, ``--runs`` times, timed the same
 way (its ``/health`` answers 503 until the model is loaded); compare only numbers from one run.
@@ -23,6 +26,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -43,8 +47,10 @@ def peak_rss(pid: int) -> int:
     return 0
 
 
-def time_to_ready(cmd: list[str], port: int, env: dict[str, str], timeout: float) -> dict:
-    """Start ``cmd`` (a server on ``port``) and poll its ``/health`` until 200: seconds and peak RSS."""
+def time_to_ready(cmd: list[str], port: int, env: dict[str, str], timeout: float,
+                  settled: Callable[[], bool] = lambda: True) -> dict:
+    """Start ``cmd`` (a server on ``port``) and poll its ``/health`` until 200: seconds and peak RSS;
+    then, before stopping it, until ``settled()`` (seconds from the start to that too)."""
     began = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -60,7 +66,10 @@ def time_to_ready(cmd: list[str], port: int, env: dict[str, str], timeout: float
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.2)
-        return {"ready_s": time.monotonic() - began, "peak_rss": peak_rss(proc.pid)}
+        ready = {"ready_s": time.monotonic() - began, "peak_rss": peak_rss(proc.pid)}
+        while not settled() and proc.poll() is None and time.monotonic() - began < timeout:
+            time.sleep(0.2)
+        return {**ready, "settled_s": time.monotonic() - began}
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -72,7 +81,13 @@ def start(model: str, cache: Path, extra: list[str], timeout: float) -> dict:
     cmd = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--port", str(port), *extra]
     if model != "default":
         cmd += ["--model", model]
-    ready = time_to_ready(cmd, port, {**os.environ, "SPECDEC_CACHE_DIR": str(cache)}, timeout)
+    # A first start is ready before its calibration ends (it runs while the server is idle) and
+    # saves the step costs when it does: the start is kept running until then, or the next would
+    # calibrate again.
+    def saved() -> bool:
+        return any((cache / "step-costs").glob("*.json"))
+
+    ready = time_to_ready(cmd, port, {**os.environ, "SPECDEC_CACHE_DIR": str(cache)}, timeout, saved)
     return {**ready, "written": tree_bytes(cache)}
 
 
@@ -92,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-arg", action="append", default=[], help="an argument for the peer (repeatable)")
     parser.add_argument("serve_args", nargs="*", help="flags passed to specdec serve (after --)")
     args = parser.parse_args(argv)
-    print(f"{'model':40} {'start':>6} {'ready s':>8} {'peak RSS GB':>12} {'written MB':>11} {'file MB':>8}")
+    print(f"{'model':40} {'start':>6} {'ready s':>8} {'costs s':>8} {'peak RSS GB':>12} {'written MB':>11} {'file MB':>8}")
     for model in args.model:
         size = Path(model).stat().st_size / 1e6 if model != "default" else float("nan")
         with tempfile.TemporaryDirectory(prefix="specdec-startup-") as tmp:
@@ -107,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def row(name: str, which: str, r: dict, size: float) -> str:
-    return (f"{name:40} {which:>6} {r['ready_s']:8.1f} {r['peak_rss'] / 1e9:12.2f} {r['written'] / 1e6:11.1f} "
-            f"{size:8.0f}")
+    return (f"{name:40} {which:>6} {r['ready_s']:8.1f} {r['settled_s']:8.1f} {r['peak_rss'] / 1e9:12.2f} "
+            f"{r['written'] / 1e6:11.1f} {size:8.0f}")
 
 
 if __name__ == "__main__":

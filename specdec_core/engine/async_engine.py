@@ -101,7 +101,7 @@ class AsyncEngine:
                     # The phases inside log themselves; this one keeps the gaps between them (kernel
                     # preparation, calibration) from going silent.
                     with phase(log, "starting the engine (loading the models, preparing their kernels, calibrating)"):
-                        self.engine = Engine(config, progress=progress)
+                        self.engine = Engine(config, progress=progress, calibrate_when_idle=True)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the constructor's thread
                 failure.append(exc)
                 return
@@ -187,11 +187,16 @@ class AsyncEngine:
         try:
             while True:
                 with self._lock:
-                    while not self._inbox and not self.engine.has_unfinished() and not self._stopping:
+                    idle = not self._inbox and not self.engine.has_unfinished()
+                    while idle and not self._stopping and self.engine.step_costs.pending is None:
                         self._wakeup.wait()
+                        idle = not self._inbox and not self.engine.has_unfinished()
                     if self._stopping:
                         break
                     inbox, self._inbox = self._inbox, deque()
+                if idle:  # nothing to serve: a forward of the calibration still owed, outside the lock
+                    self.engine.step_costs.idle_work()
+                    continue
                 outputs: list[RequestOutput] = []
                 for kind, payload in inbox:
                     if kind == "add":
@@ -202,7 +207,7 @@ class AsyncEngine:
                             outputs.append(out)
                 outputs += self.engine.step()
                 self._dispatch(outputs)
-            self.engine.save_costs()  # stopped: the next start begins from what this run learned
+            self.engine.step_costs.save()  # stopped: the next start begins from what this run learned
         except BaseException as exc:  # noqa: BLE001 - make a dead loop visible, never hang callers
             log.exception("engine loop died")
             self.dead_reason = f"{type(exc).__name__}: {exc}"

@@ -49,7 +49,6 @@ from specdec_core.speculation.acceptance import Source
 from specdec_core.speculation.draft_model import DraftModelProposer
 from specdec_core.speculation.ngram import NgramProposer
 from specdec_core.speculation.policy import LookupProposer, SpeculationPolicy
-from specdec_core.speculation.step_costs import observe_step
 from specdec_core.speculation.suffix import SuffixProposer
 
 log = logging.getLogger("specdec.engine")
@@ -75,7 +74,9 @@ def _profile(config: EngineConfig, model: HFModule | None = None) -> DeviceProfi
 class Engine:
     """Owns the models, caches, scheduler and proposers. Not thread-safe: drive it from one thread."""
 
-    def __init__(self, config: EngineConfig, progress: bool = True) -> None:
+    def __init__(self, config: EngineConfig, progress: bool = True, calibrate_when_idle: bool = False) -> None:
+        """``calibrate_when_idle``: a first start's calibration is finished by ``idle_work`` (a
+        server's loop calls it) rather than before this returns (``engine.startup_costs``)."""
         from specdec_core.loading.loader import load_model
 
         # Every per-device choice, made (and a bad combination refused) before any model loads.
@@ -88,19 +89,20 @@ class Engine:
         if method in ("draft", "auto") and has_draft:
             draft = load_model(config.draft_model, role="draft", profile=profile, cache_dir=config.cache_dir,
                                progress=progress)
-        self._setup(config, profile, target, draft, method, owns_models=True)
+        self._setup(config, profile, target, draft, method, owns_models=True, calibrate_when_idle=calibrate_when_idle)
 
     @classmethod
-    def from_loaded(cls, config: EngineConfig, target, draft=None) -> "Engine":
+    def from_loaded(cls, config: EngineConfig, target, draft=None, calibrate_when_idle: bool = False) -> "Engine":
         """Build an engine around already loaded models (``LoadedModel``), e.g. to share them."""
         engine = cls.__new__(cls)
         method = speculation_method(config.speculative_method, draft is not None)
         profile = _profile(config, target.model)
-        engine._setup(config, profile, target, draft if method in ("draft", "auto") else None, method)
+        engine._setup(config, profile, target, draft if method in ("draft", "auto") else None, method,
+                      calibrate_when_idle=calibrate_when_idle)
         return engine
 
     def _setup(self, config: EngineConfig, profile: DeviceProfile, target, draft, method: str,
-               owns_models: bool = False) -> None:
+               owns_models: bool = False, calibrate_when_idle: bool = False) -> None:
         from specdec_core.loading.tokenizer_compat import check_pair, output_vocab_size
 
         self.config = config
@@ -154,17 +156,12 @@ class Engine:
         self.metrics = EngineMetrics()
         self._seed_rng = random.Random(config.seed if config.seed is not None else time.time_ns())  # unseeded requests'
         self._request_numbers = itertools.count()  # ids of requests that come without one
-        self.costs, self.cost_cache = step_costs(config, self.target, self.draft_runner, target, draft,
-                                                 profile, 1 + self.num_speculative_tokens)
+        self.step_costs = step_costs(config, self.target, self.draft_runner, target, draft, profile,
+                                     1 + self.num_speculative_tokens, self.scheduler if calibrate_when_idle else None)
         self.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
         self.grammars.warm()
-        self.policy = SpeculationPolicy(method, self.costs, config.adaptive_speculation, self.max_model_len, lookups,
+        self.policy = SpeculationPolicy(method, self.step_costs.costs, config.adaptive_speculation, self.max_model_len, lookups,
                                         has_draft=self.drafter is not None)
-
-    def save_costs(self) -> None:
-        """Write the step costs real steps have corrected (when the engine stops)."""
-        if self.cost_cache is not None:
-            self.cost_cache.save(self.costs)
 
     # ------------------------------------------------------------------ requests in and out
 
@@ -243,10 +240,7 @@ class Engine:
         """Propose, score and verify without touching request state; then commit."""
         outcome = self.speculative_step.run(plan.items)                      # propose, forward, verify
         self.metrics.record_step(outcome.draft_seconds, outcome.target_seconds, *outcome.tree_counts)
-        observe_step(self.costs, plan.items, outcome.draft_seconds, outcome.target_seconds,
-                     1 + self.num_speculative_tokens)
-        if self.cost_cache is not None:
-            self.cost_cache.save_later(self.costs)
+        self.step_costs.observe(plan.items, outcome.draft_seconds, outcome.target_seconds, 1 + self.num_speculative_tokens)
         return self._commit_step(plan, outcome)                               # commit
 
     def _copy_prefixes(self, plan: ScheduledStep) -> None:

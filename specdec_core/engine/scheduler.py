@@ -45,12 +45,27 @@ class Scheduler:
         self.prefix = PrefixCache(block_size, block_size) if prefix_caching else None
         self.share_outputs = share_outputs
         self.num_preemptions = 0
+        self.lent = 0  # blocks lent to work outside requests (``lend``)
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def lend(self, fewest: int, most: int, keep: int) -> list[int]:
+        """Up to ``most`` free blocks for work outside requests (a calibration while idle), leaving
+        ``keep`` free (a full-length request must always fit); none if that is fewer than
+        ``fewest``. Whatever cached chunk they held is gone."""
+        count = min(most, self.pool.num_free - keep)
+        if count < fewest:
+            return []
+        self.lent += count
+        return self._allocate(count, [])
+
+    def give_back(self, blocks: list[int]) -> None:
+        self.pool.free(blocks)
+        self.lent -= len(blocks)
 
     def schedule(self) -> ScheduledStep:
         step = ScheduledStep()
@@ -181,4 +196,4 @@ class Scheduler:
 
     @property
     def kv_usage(self) -> float:
-        return self.pool.num_used / self.pool.num_blocks
+        return (self.pool.num_used - self.lent) / self.pool.num_blocks  # requests' blocks

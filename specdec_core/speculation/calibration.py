@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Generator, Iterator
 
 import torch
 
 from specdec_core.execution.forward_plan import ForwardItem
-from specdec_core.execution.kv_cache import blocks_for, region
+from specdec_core.execution.kv_cache import blocks_for
 from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.speculation.cost_table import CostTable
 from specdec_core.speculation.step_costs import StepCostModel
@@ -70,81 +71,149 @@ def _grid(limit: int) -> list[int]:
 
 def calibrate(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_tokens_per_seq: int,
               max_len: int, budget_s: float = CALIBRATION_BUDGET_S, repeats: int = CALIBRATION_REPEATS) -> StepCostModel:
-    """Time the step shapes this engine can produce, on its own runners (writes into free blocks
-    of their pools before any request runs; no prefix is recorded for them, so nothing leaks into
-    requests). Bounded by
-    ``budget_s``: after the shapes every table needs (``_REQUIRED``), a shape is timed only while
-    time is left (one already started is finished); the small shapes come first. Untimed shapes
-    get the timed ones' inter- or extrapolation."""
-    t0 = time.perf_counter()
-    bench = _Bench(max_len, max_tokens_per_seq)
-    tables = _tables(target, max_seqs, bench.context + max_tokens_per_seq)
-    shapes = _shapes(target, draft, tables, max_tokens_per_seq, bench.context)
-    timed: dict[str, dict[int, float]] = {"target": {}, "draft": {}}
-    # Rounds over the grid, each shape's fastest run kept: on a shared machine a slow spell of a
-    # few seconds over one shape's back-to-back runs made 1 token as dear as 6 (here, at c=4:
-    # 125 ms for 1-6 tokens, pooled), and the table keeps its shape for good (``rescale``).
-    for rnd in range(repeats):
-        for role, runner, n, items in shapes:
-            if (rnd and n not in timed[role]) or ((role, n) not in _REQUIRED and time.perf_counter() - t0 > budget_s):
-                continue
-            if not rnd:
-                bench.fill(runner, tables[:len(items)])
-                runner.forward(items)  # warm-up: first calls of a shape allocate
-            timed[role][n] = min(timed[role].get(n, float("inf")), _seconds(runner, items))
-    for warm in (target, draft):  # a runner that filled one table only timed it cold: once more, warm
-        if warm is not None and len(bench.prefills.get(id(warm), [])) == 1:
-            bench.time_prefill(warm, tables[0])
-
-    def table(role: str, runner: ModelRunner, rows: int) -> CostTable:
-        """Every grid size: timed, else extrapolated, never below a smaller size's cost (noise in
-        two close timings must not extrapolate to a cost that falls, or turns negative); and the
-        cost of longer contexts, from ``rows`` rows of one request."""
-        sizes = sorted(n for r, _, n, _ in shapes if r == role)
-        seconds, floor = [], 0.0
-        for n in sizes:
-            value = timed[role].get(n)
-            if value is None:
-                value = max(_extrapolate(timed[role], n), floor)
-            floor = max(floor, value)
-            seconds.append(value)
-        per_context = _per_context(runner, rows, bench.context, max_len, repeats)
-        fills = bench.prefills.get(id(runner))
-        if fills and bench.context > sizes[-1]:
-            # its rows had 0 .. context-1 cached tokens; a table's rows have ``context`` each
-            sizes.append(bench.context)
-            seconds.append(min(fills) + per_context * bench.context * (bench.context + 1) / 2)
-        return CostTable(sizes, seconds, per_context, bench.context)
-
-    model = StepCostModel(table("target", target, max_tokens_per_seq),
-                          table("draft", draft, 1) if draft is not None else None)
-    done = len(timed["target"]) + len(timed["draft"])
-    log.info("step costs measured in %.1f s (cap %.0f s; %d of %d shapes timed%s; %.1f s of it giving the "
-             "requests their %d cached tokens): %s", time.perf_counter() - t0, budget_s, done, len(shapes),
-             "" if done == len(shapes) else ", the others extrapolated",
-             bench.fill_seconds, bench.context, model.describe())
-    return model
+    """Time the step shapes this engine can produce, on its own runners, before any request runs
+    (every block of their pools is free): a whole ``Calibration`` at once."""
+    return Calibration(target, draft, max_seqs, max_tokens_per_seq, max_len, budget_s=budget_s, repeats=repeats).run()
 
 
-def _per_context(runner: ModelRunner, rows: int, short: int, max_len: int, repeats: int) -> float:
+def calibration_blocks(block_size: int, max_len: int, max_tokens_per_seq: int) -> tuple[int, int]:
+    """The fewest and the most KV blocks a calibration writes: one block table (a request of
+    ``CALIBRATION_CONTEXT`` cached tokens and a step's rows), and ``CALIBRATION_TABLES`` of them
+    or the long context of ``_per_context`` where that is more."""
+    per = blocks_for(min(CALIBRATION_CONTEXT + max_tokens_per_seq, max_len), block_size)
+    return per, max(CALIBRATION_TABLES * per, blocks_for(min(LONG_CONTEXT + max_tokens_per_seq, max_len), block_size))
+
+
+class Calibration:
+    """A calibration, one forward at a time (``advance``): a first start times the shapes
+    speculation needs first (``has_required``), serves on the ``provisional`` costs they give, and
+    runs the rest while the engine is idle (``engine.startup_costs``); ``run`` does it all at once.
+
+    It writes only into ``blocks`` (default: every block of the pools, free before any request
+    runs); no prefix is recorded for them, so nothing leaks into requests. Bounded by ``budget_s``
+    of its own forwards: after the shapes every table needs (``_REQUIRED``), a shape is timed only
+    while time is left; the small shapes come first. Untimed shapes get the timed ones' inter- or
+    extrapolation."""
+
+    def __init__(self, target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_tokens_per_seq: int,
+                 max_len: int, blocks: list[int] | None = None, budget_s: float = CALIBRATION_BUDGET_S,
+                 repeats: int = CALIBRATION_REPEATS) -> None:
+        self.target, self.draft, self.max_len = target, draft, max_len
+        self.budget_s, self.repeats, self.per_seq = budget_s, repeats, max_tokens_per_seq
+        self.blocks = list(range(target.cache.num_blocks)) if blocks is None else blocks
+        self.bench = _Bench(max_len, max_tokens_per_seq)
+        self.tables = _tables(self.blocks, target.cache.block_size, max_seqs, self.bench.context + max_tokens_per_seq)
+        self.shapes = _shapes(target, draft, self.tables, max_tokens_per_seq, self.bench.context)
+        self.timed: dict[str, dict[int, float]] = {"target": {}, "draft": {}}
+        self.per_context: dict[str, float] = {}
+        self.spent = 0.0  # seconds of its own forwards: what the budget counts
+        self.result: StepCostModel | None = None
+        self._forwards = self._run()
+
+    @property
+    def has_required(self) -> bool:
+        """The shapes every table needs are timed: ``provisional`` has a slope and a draft scale."""
+        return all(n in self.timed[role] for role, n in _REQUIRED if role == "target" or self.draft is not None)
+
+    def advance(self) -> bool:
+        """Run the next forward (a fill, a warm-up or a timed one); True once ``result`` is set."""
+        if self.result is None:
+            t0 = time.perf_counter()
+            next(self._forwards, None)
+            self.spent += time.perf_counter() - t0
+        return self.result is not None
+
+    def run(self) -> StepCostModel:
+        while not self.advance():
+            pass
+        assert self.result is not None
+        return self.result
+
+    def provisional(self) -> StepCostModel:
+        """Costs from the shapes timed so far (at least ``_REQUIRED``), the others extrapolated,
+        without the context term (not timed yet)."""
+        return self._model()
+
+    def _run(self) -> Iterator[None]:
+        """The forwards in order, a yield after each."""
+        # Rounds over the grid, each shape's fastest run kept: on a shared machine a slow spell of a
+        # few seconds over one shape's back-to-back runs made 1 token as dear as 6 (here, at c=4:
+        # 125 ms for 1-6 tokens, pooled), and the table keeps its shape for good (``rescale``).
+        for rnd in range(self.repeats):
+            for role, runner, n, items in self.shapes:
+                timed = self.timed[role]
+                if (rnd and n not in timed) or ((role, n) not in _REQUIRED and self.spent > self.budget_s):
+                    continue
+                if not rnd:
+                    self.bench.fill(runner, self.tables[:len(items)])
+                    yield
+                    runner.forward(items)  # warm-up: first calls of a shape allocate
+                    yield
+                timed[n] = min(timed.get(n, float("inf")), _seconds(runner, items))
+                yield
+        for warm in (self.target, self.draft):  # a runner that filled one table only timed it cold: once more, warm
+            if warm is not None and len(self.bench.prefills.get(id(warm), [])) == 1:
+                self.bench.time_prefill(warm, self.tables[0])
+                yield
+        for role, model, rows in (("target", self.target, self.per_seq), ("draft", self.draft, 1)):
+            if model is not None:
+                self.per_context[role] = yield from _per_context(model, rows, self.bench.context, self.max_len,
+                                                                 self.repeats, self.blocks)
+        self.result = self._model()
+        done = len(self.timed["target"]) + len(self.timed["draft"])
+        log.info("step costs measured in %.1f s of forwards (cap %.0f s; %d of %d shapes timed%s; %.1f s of it "
+                 "giving the requests their %d cached tokens): %s", self.spent, self.budget_s, done, len(self.shapes),
+                 "" if done == len(self.shapes) else ", the others extrapolated",
+                 self.bench.fill_seconds, self.bench.context, self.result.describe())
+
+    def _model(self) -> StepCostModel:
+        def table(role: str, runner: ModelRunner) -> CostTable:
+            """Every grid size: timed, else extrapolated, never below a smaller size's cost (noise in
+            two close timings must not extrapolate to a cost that falls, or turns negative); and the
+            cost of longer contexts."""
+            sizes = sorted(n for r, _, n, _ in self.shapes if r == role)
+            seconds, floor = [], 0.0
+            for n in sizes:
+                value = self.timed[role].get(n)
+                if value is None:
+                    value = max(_extrapolate(self.timed[role], n), floor)
+                floor = max(floor, value)
+                seconds.append(value)
+            per_context = self.per_context.get(role, 0.0)
+            fills = self.bench.prefills.get(id(runner))
+            if fills and self.bench.context > sizes[-1]:
+                # its rows had 0 .. context-1 cached tokens; a table's rows have ``context`` each
+                sizes.append(self.bench.context)
+                seconds.append(min(fills) + per_context * self.bench.context * (self.bench.context + 1) / 2)
+            return CostTable(sizes, seconds, per_context, self.bench.context)
+
+        return StepCostModel(table("target", self.target),
+                             table("draft", self.draft) if self.draft is not None else None)
+
+
+def _per_context(runner: ModelRunner, rows: int, short: int, max_len: int, repeats: int,
+                 blocks: list[int]) -> Generator[None, None, float]:
     """Seconds each cached token adds to each row: one request of ``rows`` tokens (a verify
-    step's, or one draft row) timed at ``short`` and at ``LONG_CONTEXT`` cached tokens. The keys
-    are whatever the pool's first blocks hold (their values do not change the work), so the long
-    context costs no prefill: two more shapes, ~2 s for the default pair."""
+    step's, or one draft row) timed at ``short`` and at ``LONG_CONTEXT`` cached tokens (a yield
+    after each forward). The keys are whatever the first of ``blocks`` hold (their values do not
+    change the work), so the long context costs no prefill: two more shapes, ~2 s for the default
+    pair."""
     bs = runner.cache.block_size
-    long = min(LONG_CONTEXT, max_len - rows - 1, runner.cache.num_blocks * bs - rows)
+    long = min(LONG_CONTEXT, max_len - rows - 1, len(blocks) * bs - rows)
     if long - short < MIN_CONTEXT_SPAN:
         return 0.0
-    table = region(0, long + rows, bs)
+    table = blocks[:blocks_for(long + rows, bs)]
     shapes = [[ForwardItem(table, context, [1] * rows, rows, num_drafts=rows - 1)] for context in (short, long)]
     # Interleaved, as the grid's rounds: the term is a difference of two timings (back to back,
     # the same draft row gave +0.00 and +4.83 ms per 1K in two calibrations a minute apart).
     best = [float("inf")] * 2
     for items in shapes:
         runner.forward(items)
+        yield
     for _ in range(repeats):
         for i, items in enumerate(shapes):
             best[i] = min(best[i], _seconds(runner, items))
+            yield
     return max((best[1] - best[0]) / (rows * (long - short)), 0.0)
 
 
@@ -168,8 +237,9 @@ def warm_up(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_t
     cost cache, and ``calibrate`` when they do not. Returns how many shapes ran."""
     t0 = time.perf_counter()
     ran = 0
-    for _, runner, _, items in _shapes(target, draft, _tables(target, max_seqs, max_tokens_per_seq), max_tokens_per_seq,
-                                       context=0):
+    every_block = list(range(target.cache.num_blocks))
+    tables = _tables(every_block, target.cache.block_size, max_seqs, max_tokens_per_seq)
+    for _, runner, _, items in _shapes(target, draft, tables, max_tokens_per_seq, context=0):
         if time.perf_counter() - t0 > budget_s:
             break
         runner.forward(items)
@@ -218,13 +288,13 @@ class _Bench:
         self.prefills.setdefault(id(runner), []).append(seconds)
 
 
-def _tables(runner: ModelRunner, max_seqs: int, tokens: int) -> list[list[int]]:
-    """A block table of ``tokens`` positions per calibration request: consecutive blocks, as a
-    request gets them on an idle pool (the draft's pool has the same blocks). Requests share
-    tables where the pool is too small for all: the timing is the same."""
-    per = blocks_for(tokens, runner.cache.block_size)
-    fit = max(min(runner.cache.num_blocks // per, CALIBRATION_TABLES), 1)
-    return [region(s % fit, tokens, runner.cache.block_size) for s in range(max_seqs)]
+def _tables(blocks: list[int], block_size: int, max_seqs: int, tokens: int) -> list[list[int]]:
+    """A block table of ``tokens`` positions per calibration request, runs of consecutive
+    ``blocks`` (as a request gets them on an idle pool; the draft's pool has the same blocks).
+    Requests share tables where the blocks are too few for all: the timing is the same."""
+    per = blocks_for(tokens, block_size)
+    fit = max(min(len(blocks) // per, CALIBRATION_TABLES), 1)
+    return [blocks[(s % fit) * per:(s % fit + 1) * per] for s in range(max_seqs)]
 
 
 def _shapes(target: ModelRunner, draft: ModelRunner | None, tables: list[list[int]], per_seq: int,

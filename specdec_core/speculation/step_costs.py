@@ -14,7 +14,8 @@ Start-up costs are measured at a fixed cached context, so they say nothing about
 running; ``observe_step`` then corrects a live copy of each table toward what real steps cost (its
 level; the target's also size by size, within a bound: ``cost_table``), and the live tables are what
 ``cost_cache`` saves for the next start. Requests whose choice must not depend on other requests
-use the ``frozen`` tables only, fixed for the engine's lifetime.
+use the ``frozen`` tables only, fixed for the engine's lifetime once measured (a first start
+serves on provisional tables until its calibration finishes: ``engine.startup_costs``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ class StepCostModel:
     def __post_init__(self) -> None:
         self.live_target = self.target_table.copy()
         self.live_draft = self.draft_table.copy() if self.draft_table is not None else None
+
+    def replace(self, measured: "StepCostModel") -> None:
+        """Take ``measured``'s tables as the frozen ones and start the live ones from them again
+        (a first start's calibration finished after it served on provisional costs)."""
+        self.target_table, self.draft_table, self.observed_steps = measured.target_table, measured.draft_table, 0
+        self.__post_init__()
 
     def target(self, n: int, frozen: bool = False, context_tokens: float | None = None) -> float:
         """A decode step feeding ``n`` tokens whose rows' cached tokens add up to ``context_tokens``."""

@@ -37,22 +37,22 @@ def start(pair, cache_dir: Path, caplog: pytest.LogCaptureFixture, **kw) -> tupl
 def test_a_second_start_loads_the_costs_the_first_measured(pair, tmp_path: Path, caplog) -> None:
     first, logged = start(pair, tmp_path, caplog)
     assert "step costs measured (no cache for this configuration)" in logged
-    assert first.cost_cache is not None and first.cost_cache.path.is_file()
-    assert first.cost_cache.path.parent == tmp_path / "step-costs"
+    assert first.step_costs.cache is not None and first.step_costs.cache.path.is_file()
+    assert first.step_costs.cache.path.parent == tmp_path / "step-costs"
     second, logged = start(pair, tmp_path, caplog)
     assert "step costs loaded from the cache" in logged and "step costs measured" not in logged
-    assert second.costs.target_table == first.costs.live_target
-    assert second.costs.draft_table == first.costs.live_draft
+    assert second.step_costs.costs.target_table == first.step_costs.costs.live_target
+    assert second.step_costs.costs.draft_table == first.step_costs.costs.live_draft
 
 
 def test_another_configuration_measures_its_own(pair, tmp_path: Path, caplog) -> None:
     first, _ = start(pair, tmp_path, caplog)
     other, logged = start(pair, tmp_path, caplog, max_num_seqs=3)
     assert "step costs measured" in logged and "loaded from the cache" not in logged
-    assert other.cost_cache is not None and first.cost_cache is not None
-    assert other.cost_cache.path != first.cost_cache.path
+    assert other.step_costs.cache is not None and first.step_costs.cache is not None
+    assert other.step_costs.cache.path != first.step_costs.cache.path
     assert sorted(p.name for p in (tmp_path / "step-costs").iterdir()) == sorted(
-        [first.cost_cache.path.name, other.cost_cache.path.name])
+        [first.step_costs.cache.path.name, other.step_costs.cache.path.name])
 
 
 @pytest.mark.parametrize("quantize", ["gguf", "int8"])
@@ -63,27 +63,28 @@ def test_costs_belong_to_the_kernel_build_that_timed_them(pair, tmp_path: Path, 
     from specdec_core.execution import gguf_kernels
 
     first, _ = start(pair, tmp_path, caplog, quantize=quantize)
-    assert first.cost_cache is not None and gguf_kernels.build() == first.cost_cache.key["kernels"]
+    assert first.step_costs.cache is not None and gguf_kernels.build() == first.step_costs.cache.key["kernels"]
     monkeypatch.setattr(gguf_kernels, "build", lambda: "another-build")
     rebuilt, logged = start(pair, tmp_path, caplog, quantize=quantize)
-    assert "step costs measured" in logged and rebuilt.cost_cache is not None
-    assert rebuilt.cost_cache.path != first.cost_cache.path
+    assert "step costs measured" in logged and rebuilt.step_costs.cache is not None
+    assert rebuilt.step_costs.cache.path != first.step_costs.cache.path
 
 
 def test_real_steps_move_the_live_costs_and_reach_the_cache(pair, tmp_path: Path, caplog) -> None:
     eng, _ = start(pair, tmp_path, caplog)
-    frozen = (list(eng.costs.target_table.seconds), list(eng.costs.draft_table.seconds))  # type: ignore[union-attr]
+    frozen = (list(eng.step_costs.costs.target_table.seconds), list(eng.step_costs.costs.draft_table.seconds))  # type: ignore[union-attr]
     eng.generate(["Once upon a time", "def f(x):"], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
-    assert eng.costs.observed_steps > 0
-    assert eng.costs.live_target.seconds != frozen[0]
-    assert (eng.costs.target_table.seconds, eng.costs.draft_table.seconds) == frozen  # type: ignore[union-attr]
-    eng.save_costs()
-    assert eng.cost_cache is not None
-    saved = json.loads(eng.cost_cache.path.read_text())
-    assert saved["observed_steps"] == eng.costs.observed_steps and saved["target"]["seconds"] == eng.costs.live_target.seconds
+    assert eng.step_costs.costs.observed_steps > 0
+    assert eng.step_costs.costs.live_target.seconds != frozen[0]
+    assert (eng.step_costs.costs.target_table.seconds, eng.step_costs.costs.draft_table.seconds) == frozen  # type: ignore[union-attr]
+    eng.step_costs.save()
+    assert eng.step_costs.cache is not None
+    saved = json.loads(eng.step_costs.cache.path.read_text())
+    costs = eng.step_costs.costs
+    assert saved["observed_steps"] == costs.observed_steps and saved["target"]["seconds"] == costs.live_target.seconds
     again, logged = start(pair, tmp_path, caplog)
-    assert f"corrected by {eng.costs.observed_steps} real steps" in logged
-    assert again.costs.target_table.seconds == eng.costs.live_target.seconds
+    assert f"corrected by {eng.step_costs.costs.observed_steps} real steps" in logged
+    assert again.step_costs.costs.target_table.seconds == eng.step_costs.costs.live_target.seconds
 
 
 def test_the_table_learns_the_level_and_keeps_the_measured_shape() -> None:
@@ -212,7 +213,8 @@ def test_a_draft_catch_up_is_priced_as_the_prefill_it_is(pair, monkeypatch) -> N
     assert costs.draft(1 + 150) > 0.9 * 150 * 0.002  # the decode shapes alone: 0.02
     # the tables are filled once per distinct table: at most CALIBRATION_TABLES of them
     big = slot_runner(pair[0].model, 16, 160, vocab_size=49152)
-    assert len({tuple(t) for t in calibration._tables(big, 16, 160)}) == calibration.CALIBRATION_TABLES < 16
+    tables = calibration._tables(list(range(big.cache.num_blocks)), big.cache.block_size, 16, 160)
+    assert len({tuple(t) for t in tables}) == calibration.CALIBRATION_TABLES < 16
 
 
 def test_one_table_is_prefilled_and_the_others_get_copies_of_its_blocks(pair) -> None:
@@ -224,7 +226,7 @@ def test_one_table_is_prefilled_and_the_others_get_copies_of_its_blocks(pair) ->
     from specdec_core.speculation import calibration
 
     target = slot_runner(pair[0].model, 4, 160, vocab_size=49152)
-    tables = calibration._tables(target, 4, 160)[:3]
+    tables = calibration._tables(list(range(target.cache.num_blocks)), target.cache.block_size, 4, 160)[:3]
     bench = calibration._Bench(160, 3)
     bench.fill(target, tables)
     assert len(bench.prefills[id(target)]) == 1 and bench.context == calibration.CALIBRATION_CONTEXT
@@ -268,13 +270,72 @@ def test_a_cache_of_another_key_format_or_broken_is_ignored(tmp_path: Path, capl
     assert cache.load() is None
 
 
+def test_a_first_start_serves_on_provisional_costs_and_calibrates_while_idle(pair, tmp_path: Path, caplog) -> None:
+    """A server's first start times only the shapes speculation needs first; the rest runs one
+    forward at a time while no request is waiting or running, in blocks lent by the scheduler,
+    and requests served meanwhile (and the prefix cache's blocks) are untouched by it."""
+    cfg = EngineConfig(speculative_method="draft", num_speculative_tokens=2, seed=0, quantize="none",
+                       max_num_seqs=2, max_model_len=160, cache_dir=tmp_path)
+    caplog.set_level(logging.INFO, logger="specdec")
+    eng = Engine.from_loaded(cfg, *pair, calibrate_when_idle=True)
+    costs, pool, pending = eng.step_costs.costs, eng.scheduler.pool, eng.step_costs.pending
+    assert pending is not None and "step costs provisional" in caplog.text and not eng.step_costs.cache.path.exists()
+    assert pool.num_free == pool.num_blocks - len(pending.blocks) and costs.target_table.sizes[:2] == [1, 2]
+    assert eng.scheduler.kv_usage == 0.0  # the gauge counts requests' blocks, not the lent ones
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    prompt = "def fibonacci(n):\n    if n < 2:\n        return n\n    return " * 3
+    first = eng.generate([prompt], params)[0]
+    eng.add_request(eng.make_request(prompt, params))
+    assert not eng.step_costs.idle_work()  # a request waits: no calibration
+    while eng.has_unfinished():
+        eng.step()
+    for _ in range(10):  # some of it, between requests
+        assert eng.step_costs.idle_work()
+    again = eng.generate([prompt], params)[0]
+    assert again.token_ids == first.token_ids and again.stats.cached_tokens > 0
+    while eng.step_costs.idle_work():
+        pass
+    assert eng.step_costs.pending is None and pending.result is not None and "measured while idle" in caplog.text
+    assert eng.step_costs.costs is costs and costs.target_table == pending.result.target_table  # the policy's object
+    assert costs.observed_steps == 0 and pool.num_free == pool.num_blocks
+    assert eng.step_costs.cache.load() is not None
+    assert eng.generate([prompt], params)[0].token_ids == first.token_ids
+
+
+def test_a_calibration_that_fails_while_idle_leaves_the_engine_serving_on_provisional_costs(pair, tmp_path: Path,
+                                                                                            caplog, monkeypatch) -> None:
+    """A forward of the calibration raising after ready (a fault injected: the real runners do not
+    fail) is logged; its blocks go back, the provisional costs stay and are never saved."""
+    cfg = EngineConfig(speculative_method="draft", num_speculative_tokens=2, seed=0, quantize="none",
+                       max_num_seqs=2, max_model_len=160, cache_dir=tmp_path)
+    caplog.set_level(logging.INFO, logger="specdec")
+    eng = Engine.from_loaded(cfg, *pair, calibrate_when_idle=True)
+    pool, pending = eng.scheduler.pool, eng.step_costs.pending
+    assert pending is not None
+
+    def broken(items):
+        raise RuntimeError("injected")
+
+    for runner in (eng.target, eng.draft_runner):
+        monkeypatch.setattr(runner, "forward", broken)
+    while "the calibration failed" not in caplog.text:  # the next forward raises (a yield may come first)
+        assert eng.step_costs.idle_work()
+    monkeypatch.undo()
+    assert eng.step_costs.pending is None and eng.step_costs.provisional and pool.num_free == pool.num_blocks
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    assert len(eng.generate(["Once upon a time"], params)[0].token_ids) == 4
+    eng.step_costs.save()
+    assert eng.step_costs.cache is not None and not eng.step_costs.cache.path.exists()
+
+
 def test_a_restarted_server_says_where_its_costs_came_from(tiny_target, tiny_draft, tmp_path: Path) -> None:
     from tests.helpers.servers import ServerProcess, serving, tiny_args
 
     args = [a for a in tiny_args(tiny_target, tiny_draft) if a != "--no-adaptive-speculation"]
     env = {"SPECDEC_CACHE_DIR": str(tmp_path / "cache")}
     with serving(ServerProcess(args, tmp_path / "first.log", env=env)) as first:
-        assert "step costs measured (no cache for this configuration)" in first.logs()
+        assert "step costs provisional (no cache for this configuration)" in first.logs()
+        first.wait_log("step costs measured while idle (no cache for this configuration) and saved")
     with serving(ServerProcess(args, tmp_path / "second.log", env=env)) as second:
         logs = second.logs()
         assert "step costs loaded from the cache" in logs and "step costs measured" not in logs
