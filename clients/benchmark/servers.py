@@ -81,10 +81,14 @@ class SpawnedServer:
             time.sleep(1.0)
 
     def _calibrated(self) -> bool:
-        """A first start serves on provisional step costs and calibrates in its idle time: the
-        measurement waits for that to end (its forwards would sit between the first requests)."""
+        """A first start serves on provisional step costs and calibrates in its idle time, a later
+        one warms its step shapes up then: the measurement waits for that to end (their forwards
+        would sit between the first requests)."""
         text = self.log_path.read_text(errors="replace")
-        return "step costs provisional" not in text or "step costs measured while idle" in text
+        owed = {"step costs provisional": "step costs measured while idle",
+                "warmed up while the engine is idle": "step shapes warmed up while idle"}
+        return "failed; serving on the step costs" in text or all(done in text for begun, done in owed.items()
+                                                                   if begun in text)
 
     def tail(self, n: int = 20) -> str:
         try:

@@ -13,7 +13,9 @@ default pair's ~60 s to ready on a 2-core machine. It times the shapes speculati
 provisional costs they give, and runs the rest one forward at a time while no request is waiting
 or running (``idle_work``), in KV blocks it borrows from the scheduler (the prefix cache forgets
 what they held) and gives back when done; then the measured tables replace the provisional ones
-and are saved. A request that arrives meanwhile waits for at most one of its forwards.
+and are saved. A request that arrives meanwhile waits for at most one of its forwards. A later
+start's warm-up (the costs came from the cache) runs the same way, after the ready line, so
+requests that come at once run before it (the 15% above was a server that never ran it).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.kv_cache import blocks_for
 from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.loading.progress_log import phase
-from specdec_core.speculation.calibration import Calibration, calibration_blocks, warm_up
+from specdec_core.speculation.calibration import Calibration, WarmUp, calibration_blocks, warm_up, warm_up_blocks
 from specdec_core.speculation.cost_cache import CostCache, machine, model_identity
 from specdec_core.speculation.scheduled_request import ScheduledItems
 from specdec_core.speculation.step_costs import StepCostModel, observe_step
@@ -41,13 +43,15 @@ log = logging.getLogger("specdec.engine")
 
 class EngineCosts:
     """The step cost model (``costs``: one object for the engine's life, read by the policy), the
-    cache it is saved in (None without adaptive speculation), and the calibration still owed
-    (``pending``, in ``blocks`` borrowed from ``scheduler``)."""
+    cache it is saved in (None without adaptive speculation), and the forwards still owed while
+    idle (``pending``: the rest of a calibration, or the warm-up of a start whose costs came from
+    the cache), in blocks borrowed from ``scheduler``."""
 
-    def __init__(self, costs: StepCostModel, cache: CostCache | None, pending: Calibration | None = None,
+    def __init__(self, costs: StepCostModel, cache: CostCache | None, pending: Calibration | WarmUp | None = None,
                  scheduler: Scheduler | None = None) -> None:
         self.costs, self.cache, self.pending, self.scheduler = costs, cache, pending, scheduler
-        self.provisional = pending is not None  # never saved: until the calibration replaces them
+        # never saved: until the calibration replaces them
+        self.provisional = isinstance(pending, Calibration)
 
     def observe(self, items: ScheduledItems, draft_s: float, target_s: float, max_draft_rows: int) -> None:
         """A real step corrects the live tables; measured ones are saved now and then."""
@@ -56,20 +60,25 @@ class EngineCosts:
             self.cache.save_later(self.costs)
 
     def idle_work(self) -> bool:
-        """One forward of the calibration still owed, when no request is waiting or running (the
-        engine's loop calls it when idle); False when none is owed."""
+        """One forward of the calibration or warm-up still owed, when no request is waiting or
+        running (the engine's loop calls it when idle); False when none is owed."""
         pending, scheduler = self.pending, self.scheduler
         if pending is None or scheduler is None or scheduler.has_work():
             return False
         try:
             done = pending.advance()
-        except Exception:  # the server is serving already: it goes on with the provisional costs
-            log.exception("the calibration failed; serving on the provisional step costs (not saved)")
+        except Exception:  # the server is serving already: it goes on with the costs it has
+            log.exception("the %s failed; serving on the step costs it has%s", "calibration" if self.provisional
+                          else "warm-up", " (provisional: not saved)" if self.provisional else "")
             scheduler.give_back(pending.blocks)
             self.pending = None
             return True
-        if done:
-            assert pending.result is not None and self.cache is not None
+        if done and isinstance(pending, WarmUp):
+            scheduler.give_back(pending.blocks)
+            self.pending = None
+            log.info("step shapes warmed up while idle (%d shapes)", pending.ran)
+        elif done:
+            assert isinstance(pending, Calibration) and pending.result is not None and self.cache is not None
             self.costs.replace(pending.result)
             scheduler.give_back(pending.blocks)
             self.pending, self.provisional = None, False
@@ -106,16 +115,21 @@ def step_costs(config: EngineConfig, target: ModelRunner, draft: ModelRunner | N
         "dtype": str(profile.dtype), "device": profile.device.type, "machine": machine(),
         "max_num_seqs": config.max_num_seqs, "tokens_per_seq": tokens_per_seq, "max_model_len": config.max_model_len,
         "draft_vocab_size": config.draft_vocab_size if draft_model is not None else None})
+    bs, max_len = target.cache.block_size, config.max_model_len
+    assert max_len is not None  # the engine set it from the KV sizing
+    full_length = blocks_for(max_len + tokens_per_seq, bs) + 1
     cached = cache.load()
     if cached is not None:
+        blocks = scheduler.lend(*warm_up_blocks(bs, tokens_per_seq), keep=full_length) if scheduler else []
+        if blocks:
+            log.info("step costs loaded from the cache %s (corrected by %d real steps so far; the step shapes are "
+                     "warmed up while the engine is idle): %s", cache.path, cached.observed_steps, cached.describe())
+            return EngineCosts(cached, cache, WarmUp(target, draft, config.max_num_seqs, tokens_per_seq, blocks), scheduler)
         with phase(log, "warming up the step shapes (step costs from the cache)"):
             ran = warm_up(*shape)  # type: ignore[arg-type]
         log.info("step costs loaded from the cache %s (corrected by %d real steps so far; %d step shapes "
                  "warmed up): %s", cache.path, cached.observed_steps, ran, cached.describe())
         return EngineCosts(cached, cache)
-    bs, max_len = target.cache.block_size, config.max_model_len
-    assert max_len is not None  # the engine set it from the KV sizing
-    full_length = blocks_for(max_len + tokens_per_seq, bs) + 1
     blocks = scheduler.lend(*calibration_blocks(bs, max_len, tokens_per_seq), keep=full_length) if scheduler else []
     if not blocks:
         with phase(log, "calibrating: timing target and draft steps for the speculation policy"):

@@ -233,18 +233,40 @@ def warm_up(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_t
     """Run every step shape once, untimed, over empty caches (costs came from the cache, so no
     request needs a cached context): every batch size the calibration (``calibrate``) would have
     run passes through the linear layers and the head once before requests do, smallest first, for
-    at most ``budget_s``. ``engine.startup_costs.step_costs`` calls it when the costs come from the
-    cost cache, and ``calibrate`` when they do not. Returns how many shapes ran."""
+    at most ``budget_s``. Returns how many shapes ran."""
     t0 = time.perf_counter()
     ran = 0
-    every_block = list(range(target.cache.num_blocks))
-    tables = _tables(every_block, target.cache.block_size, max_seqs, max_tokens_per_seq)
-    for _, runner, _, items in _shapes(target, draft, tables, max_tokens_per_seq, context=0):
-        if time.perf_counter() - t0 > budget_s:
-            break
-        runner.forward(items)
+    warm = WarmUp(target, draft, max_seqs, max_tokens_per_seq, list(range(target.cache.num_blocks)))
+    while time.perf_counter() - t0 <= budget_s and not warm.advance():
         ran += 1
     return ran
+
+
+def warm_up_blocks(block_size: int, max_tokens_per_seq: int) -> tuple[int, int]:
+    """The fewest and the most KV blocks a ``WarmUp`` writes (one table, or one per request it
+    places apart)."""
+    per = blocks_for(max_tokens_per_seq, block_size)
+    return per, CALIBRATION_TABLES * per
+
+
+class WarmUp:
+    """``warm_up`` one shape at a time (``advance``; True once every shape ran), writing only into
+    ``blocks``: a server runs it while idle (``engine.startup_costs``)."""
+
+    def __init__(self, target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_tokens_per_seq: int,
+                 blocks: list[int]) -> None:
+        self.blocks = blocks
+        tables = _tables(blocks, target.cache.block_size, max_seqs, max_tokens_per_seq)
+        self._shapes = iter(_shapes(target, draft, tables, max_tokens_per_seq, context=0))
+        self.ran = 0
+
+    def advance(self) -> bool:
+        shape = next(self._shapes, None)
+        if shape is None:
+            return True
+        shape[1].forward(shape[3])
+        self.ran += 1
+        return False
 
 
 # The shapes a calibration times whatever its budget: two target points give the table a slope,

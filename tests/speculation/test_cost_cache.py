@@ -298,8 +298,17 @@ def test_a_first_start_serves_on_provisional_costs_and_calibrates_while_idle(pai
     assert eng.step_costs.pending is None and pending.result is not None and "measured while idle" in caplog.text
     assert eng.step_costs.costs is costs and costs.target_table == pending.result.target_table  # the policy's object
     assert costs.observed_steps == 0 and pool.num_free == pool.num_blocks
-    assert eng.step_costs.cache.load() is not None
+    saved = eng.step_costs.cache.load()
+    assert saved is not None and saved.target_table == costs.target_table
     assert eng.generate([prompt], params)[0].token_ids == first.token_ids
+    # A later start loads them, and warms its step shapes up while idle, in lent blocks too.
+    later = Engine.from_loaded(cfg, *pair, calibrate_when_idle=True)
+    warming, pool = later.step_costs.pending, later.scheduler.pool
+    assert warming is not None and not later.step_costs.provisional and "warmed up while the engine is idle" in caplog.text
+    assert later.step_costs.costs.target_table == saved.target_table and pool.num_free == pool.num_blocks - len(warming.blocks)
+    while later.step_costs.idle_work():
+        pass
+    assert "step shapes warmed up while idle" in caplog.text and pool.num_free == pool.num_blocks
 
 
 def test_a_calibration_that_fails_while_idle_leaves_the_engine_serving_on_provisional_costs(pair, tmp_path: Path,
