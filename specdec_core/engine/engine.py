@@ -75,8 +75,9 @@ class Engine:
     """Owns the models, caches, scheduler and proposers. Not thread-safe: drive it from one thread."""
 
     def __init__(self, config: EngineConfig, progress: bool = True, calibrate_when_idle: bool = False) -> None:
-        """``calibrate_when_idle``: a first start's calibration is finished by ``idle_work`` (a
-        server's loop calls it) rather than before this returns (``engine.startup_costs``)."""
+        """``calibrate_when_idle``: a first start's calibration (a later one's warm-up) is finished by
+        ``step_costs.idle_work``, which a server's loop calls while idle, rather than before this
+        returns (``engine.startup_costs``)."""
         from specdec_core.loading.loader import load_model
 
         # Every per-device choice, made (and a bad combination refused) before any model loads.

@@ -2,7 +2,7 @@
 the warm-up that runs the same shapes once, untimed, when the costs came from the cache.
 
 A step's cost is a measurement of this machine, not a constant, so the engine times both models
-over every step shape it can produce, on its own runners, before any request runs, and
+over every step shape it can produce, on its own runners, in KV blocks no request holds, and
 interpolates between them (``step_costs``): target steps of ``n`` tokens in all, draft forwards of
 ``n`` requests, every row with ``CALIBRATION_CONTEXT`` cached tokens; a verify step and a draft row
 also at ``LONG_CONTEXT`` cached tokens, for what each cached token adds to a row (``_per_context``).
@@ -17,7 +17,8 @@ token), and at 4 streams ``auto`` then caught requests up for a draft token or t
 The first calibration is bounded (``CALIBRATION_BUDGET_S``): the small shapes are timed first,
 and every shape the budget leaves out gets the timed ones' extrapolation. A start whose costs
 came from the cache still runs every shape once (``warm_up``): those forwards are what make the
-first full batch as fast as the later ones (``engine.startup_costs``).
+first full batch as fast as the later ones. Both are steps a server takes one forward at a time
+while idle, after its ready line (``Calibration``, ``WarmUp``; ``engine.startup_costs``).
 """
 
 from __future__ import annotations
