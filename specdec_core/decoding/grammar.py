@@ -87,20 +87,29 @@ class GrammarCompiler:
         self.eos_ids = sorted(eos_ids)
         self._lock = threading.Lock()
         self._ll_tokenizer: Any = None
+        self._tried = False  # ``build`` ran (a failure is the first constrained request's to report)
         self._cache: OrderedDict[str, Any] = OrderedDict()
 
+    @property
+    def owed(self) -> bool:
+        """llguidance's view of the tokenizer is still to be built (``build`` or ``warm``)."""
+        return bool(self.eos_ids) and not self._tried and self._ll_tokenizer is None
+
     def warm(self) -> None:
-        """Start building llguidance's view of the tokenizer on a background thread.
+        """Start building llguidance's view of the tokenizer on a background thread (an engine
+        that is not a server's; a server's ``build``s it while idle, after its ready line).
 
         Built lazily, it stalled the first constrained request's event loop (1.0-1.3 s for Qwen's
-        151k tokens); built before the engine is ready, it delayed every start (4-5 s for Gemma 3's
-        262k). llguidance holds the GIL while it builds, so a request arriving meanwhile waits for
-        it, no longer than it would have waited for the start; ``compile`` waits for the build.
+        151k tokens). llguidance holds the GIL for the whole build (2.5-3.5 s for Gemma 3's 262k
+        tokens on the 2-core machine): built before a server is ready, it delayed every start by
+        that much. A request arriving meanwhile waits for it; ``compile`` waits for the build.
         """
         if self.eos_ids:
-            threading.Thread(target=self._build_quietly, name="specdec-grammar-warm", daemon=True).start()
+            threading.Thread(target=self.build, name="specdec-grammar-warm", daemon=True).start()
 
-    def _build_quietly(self) -> None:
+    def build(self) -> None:
+        """Build llguidance's view of the tokenizer on this thread."""
+        self._tried = True
         try:
             self._tokenizer()
         except (ValueError, RuntimeError, TypeError) as exc:  # the first constrained request reports it

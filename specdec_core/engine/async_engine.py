@@ -101,7 +101,7 @@ class AsyncEngine:
                     # The phases inside log themselves; this one keeps the gaps between them (kernel
                     # preparation, calibration) from going silent.
                     with phase(log, "starting the engine (loading the models, preparing their kernels, calibrating)"):
-                        self.engine = Engine(config, progress=progress, calibrate_when_idle=True)
+                        self.engine = Engine(config, progress=progress, work_when_idle=True)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the constructor's thread
                 failure.append(exc)
                 return
@@ -188,14 +188,14 @@ class AsyncEngine:
             while True:
                 with self._lock:
                     idle = not self._inbox and not self.engine.has_unfinished()
-                    while idle and not self._stopping and self.engine.step_costs.pending is None:
+                    while idle and not self._stopping and not self.engine.deferred.owed:
                         self._wakeup.wait()
                         idle = not self._inbox and not self.engine.has_unfinished()
                     if self._stopping:
                         break
                     inbox, self._inbox = self._inbox, deque()
-                if idle:  # nothing to serve: a forward of the calibration still owed, outside the lock
-                    self.engine.step_costs.idle_work()
+                if idle:  # nothing to serve: start-up work still owed (a calibration's forward), outside the lock
+                    self.engine.deferred.run_one()
                     continue
                 outputs: list[RequestOutput] = []
                 for kind, payload in inbox:

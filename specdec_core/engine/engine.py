@@ -30,6 +30,7 @@ from specdec_core.decoding.logprobs import token_logprobs
 from specdec_core.decoding.sampling_params import SamplingParams, outside_vocab
 from specdec_core.decoding.structured_output import StructuredOutput
 from specdec_core.engine.config import EngineConfig, speculation_method
+from specdec_core.engine.deferred_startup import DeferredStartup
 from specdec_core.engine.kv_sizing import size_for
 from specdec_core.engine.outputs import RequestOutput, RequestStats
 from specdec_core.engine.provenance import TARGET, TextProvenance, token_sources
@@ -74,10 +75,9 @@ def _profile(config: EngineConfig, model: HFModule | None = None) -> DeviceProfi
 class Engine:
     """Owns the models, caches, scheduler and proposers. Not thread-safe: drive it from one thread."""
 
-    def __init__(self, config: EngineConfig, progress: bool = True, calibrate_when_idle: bool = False) -> None:
-        """``calibrate_when_idle``: a first start's calibration (a later one's warm-up) is finished by
-        ``step_costs.idle_work``, which a server's loop calls while idle, rather than before this
-        returns (``engine.startup_costs``)."""
+    def __init__(self, config: EngineConfig, progress: bool = True, work_when_idle: bool = False) -> None:
+        """``work_when_idle``: start-up work a server can do after its ready line is left to
+        ``deferred`` (``engine.deferred_startup``), which its loop runs while idle."""
         from specdec_core.loading.loader import load_model
 
         # Every per-device choice, made (and a bad combination refused) before any model loads.
@@ -90,20 +90,20 @@ class Engine:
         if method in ("draft", "auto") and has_draft:
             draft = load_model(config.draft_model, role="draft", profile=profile, cache_dir=config.cache_dir,
                                progress=progress)
-        self._setup(config, profile, target, draft, method, owns_models=True, calibrate_when_idle=calibrate_when_idle)
+        self._setup(config, profile, target, draft, method, owns_models=True, work_when_idle=work_when_idle)
 
     @classmethod
-    def from_loaded(cls, config: EngineConfig, target, draft=None, calibrate_when_idle: bool = False) -> "Engine":
+    def from_loaded(cls, config: EngineConfig, target, draft=None, work_when_idle: bool = False) -> "Engine":
         """Build an engine around already loaded models (``LoadedModel``), e.g. to share them."""
         engine = cls.__new__(cls)
         method = speculation_method(config.speculative_method, draft is not None)
         profile = _profile(config, target.model)
         engine._setup(config, profile, target, draft if method in ("draft", "auto") else None, method,
-                      calibrate_when_idle=calibrate_when_idle)
+                      work_when_idle=work_when_idle)
         return engine
 
     def _setup(self, config: EngineConfig, profile: DeviceProfile, target, draft, method: str,
-               owns_models: bool = False, calibrate_when_idle: bool = False) -> None:
+               owns_models: bool = False, work_when_idle: bool = False) -> None:
         from specdec_core.loading.tokenizer_compat import check_pair, output_vocab_size
 
         self.config = config
@@ -158,9 +158,9 @@ class Engine:
         self._seed_rng = random.Random(config.seed if config.seed is not None else time.time_ns())  # unseeded requests'
         self._request_numbers = itertools.count()  # ids of requests that come without one
         self.step_costs = step_costs(config, self.target, self.draft_runner, target, draft, profile,
-                                     1 + self.num_speculative_tokens, self.scheduler if calibrate_when_idle else None)
+                                     1 + self.num_speculative_tokens, self.scheduler if work_when_idle else None)
         self.grammars = GrammarCompiler(self.tokenizer, vocab, self.eos_ids)
-        self.grammars.warm()
+        self.deferred = DeferredStartup(self.scheduler, self.step_costs, self.grammars, work_when_idle)
         self.policy = SpeculationPolicy(method, self.step_costs.costs, config.adaptive_speculation, self.max_model_len, lookups,
                                         has_draft=self.drafter is not None)
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
 
 from specdec_core import AsyncEngine, Engine, EngineConfig, EngineDeadError, SamplingParams
 from specdec_core.decoding.detokenizer import IncrementalDetokenizer
+from specdec_core.decoding.structured_output import StructuredOutput
 from tests.helpers.engine_runs import run_to_end
 from tests.helpers.fault_hooks import fail_batches_holding, fail_planned_steps_holding, fail_requests_mentioning
 from tests.helpers.models import load
@@ -241,6 +243,25 @@ def test_async_engine_queues_beyond_max_num_seqs_and_aborts(pair):
 
     try:
         asyncio.run(scenario())
+    finally:
+        aeng.shutdown()
+
+
+def test_a_servers_engine_builds_the_tokenizer_view_in_its_loops_idle_time(pair):
+    """Built before ready, llguidance's view of the tokenizer held the GIL through a server's last
+    start-up steps (seconds on a large vocabulary); a server's engine leaves it to its loop, which
+    builds it once nothing waits. A constrained request is served either way."""
+    eng = Engine.from_loaded(EngineConfig(speculative_method="none", adaptive_speculation=False), pair[0],
+                             work_when_idle=True)
+    assert eng.deferred.owed and eng.grammars.owed  # nothing started it
+    aeng = AsyncEngine(EngineConfig(), engine=eng)
+    try:
+        for _ in range(6000):  # the loop's first idle moment builds it (bounded wait, not a budget)
+            if not eng.deferred.owed:
+                break
+            time.sleep(0.01)
+        assert not eng.deferred.owed and not eng.grammars.owed
+        assert eng.compile_structured(StructuredOutput(json_schema={"type": "object"})) is not None
     finally:
         aeng.shutdown()
 

@@ -107,12 +107,17 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self, timeout: float = 180.0) -> None:
+        """Until /health answers 200 and the tokenizer view a server builds after its ready line
+        is built: that build holds the GIL (~1 s for SmolLM2's tokenizer), so a test timing
+        /health must not meet it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.logs()[-4000:]}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    if "is built while the engine is idle" in self.logs():
+                        self.wait_log("view of the tokenizer while idle: done", max(deadline - time.monotonic(), 1.0))
                     return
             except httpx.HTTPError:
                 pass

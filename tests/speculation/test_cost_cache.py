@@ -277,7 +277,7 @@ def test_a_first_start_serves_on_provisional_costs_and_calibrates_while_idle(pai
     cfg = EngineConfig(speculative_method="draft", num_speculative_tokens=2, seed=0, quantize="none",
                        max_num_seqs=2, max_model_len=160, cache_dir=tmp_path)
     caplog.set_level(logging.INFO, logger="specdec")
-    eng = Engine.from_loaded(cfg, *pair, calibrate_when_idle=True)
+    eng = Engine.from_loaded(cfg, *pair, work_when_idle=True)
     costs, pool, pending = eng.step_costs.costs, eng.scheduler.pool, eng.step_costs.pending
     assert pending is not None and "step costs provisional" in caplog.text and not eng.step_costs.cache.path.exists()
     assert pool.num_free == pool.num_blocks - len(pending.blocks) and costs.target_table.sizes[:2] == [1, 2]
@@ -302,7 +302,7 @@ def test_a_first_start_serves_on_provisional_costs_and_calibrates_while_idle(pai
     assert saved is not None and saved.target_table == costs.target_table
     assert eng.generate([prompt], params)[0].token_ids == first.token_ids
     # A later start loads them, and warms its step shapes up while idle, in lent blocks too.
-    later = Engine.from_loaded(cfg, *pair, calibrate_when_idle=True)
+    later = Engine.from_loaded(cfg, *pair, work_when_idle=True)
     warming, pool = later.step_costs.pending, later.scheduler.pool
     assert warming is not None and not later.step_costs.provisional and "warmed up while the engine is idle" in caplog.text
     assert later.step_costs.costs.target_table == saved.target_table and pool.num_free == pool.num_blocks - len(warming.blocks)
@@ -318,7 +318,7 @@ def test_a_calibration_that_fails_while_idle_leaves_the_engine_serving_on_provis
     cfg = EngineConfig(speculative_method="draft", num_speculative_tokens=2, seed=0, quantize="none",
                        max_num_seqs=2, max_model_len=160, cache_dir=tmp_path)
     caplog.set_level(logging.INFO, logger="specdec")
-    eng = Engine.from_loaded(cfg, *pair, calibrate_when_idle=True)
+    eng = Engine.from_loaded(cfg, *pair, work_when_idle=True)
     pool, pending = eng.scheduler.pool, eng.step_costs.pending
     assert pending is not None
 
