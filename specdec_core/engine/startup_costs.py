@@ -60,10 +60,10 @@ class EngineCosts:
             self.cache.save_later(self.costs)
 
     def idle_work(self) -> bool:
-        """One forward of the calibration or warm-up still owed, when no request is waiting or
-        running (the engine's loop calls it when idle); False when none is owed."""
+        """One forward of the calibration or warm-up still owed (``DeferredStartup`` calls it only
+        while no request is waiting or running); False when none is owed."""
         pending, scheduler = self.pending, self.scheduler
-        if pending is None or scheduler is None or scheduler.has_work():
+        if pending is None or scheduler is None:
             return False
         try:
             done = pending.advance()

@@ -236,11 +236,10 @@ def warm_up(target: ModelRunner, draft: ModelRunner | None, max_seqs: int, max_t
     run passes through the linear layers and the head once before requests do, smallest first, for
     at most ``budget_s``. Returns how many shapes ran."""
     t0 = time.perf_counter()
-    ran = 0
     warm = WarmUp(target, draft, max_seqs, max_tokens_per_seq, list(range(target.cache.num_blocks)))
     while time.perf_counter() - t0 <= budget_s and not warm.advance():
-        ran += 1
-    return ran
+        pass
+    return warm.ran
 
 
 def warm_up_blocks(block_size: int, max_tokens_per_seq: int) -> tuple[int, int]:

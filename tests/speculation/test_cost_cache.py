@@ -286,14 +286,14 @@ def test_a_first_start_serves_on_provisional_costs_and_calibrates_while_idle(pai
     prompt = "def fibonacci(n):\n    if n < 2:\n        return n\n    return " * 3
     first = eng.generate([prompt], params)[0]
     eng.add_request(eng.make_request(prompt, params))
-    assert not eng.step_costs.idle_work()  # a request waits: no calibration
+    assert not eng.deferred.run_one()  # a request waits: no calibration
     while eng.has_unfinished():
         eng.step()
     for _ in range(10):  # some of it, between requests
-        assert eng.step_costs.idle_work()
+        assert eng.deferred.run_one()
     again = eng.generate([prompt], params)[0]
     assert again.token_ids == first.token_ids and again.stats.cached_tokens > 0
-    while eng.step_costs.idle_work():
+    while eng.deferred.run_one():
         pass
     assert eng.step_costs.pending is None and pending.result is not None and "measured while idle" in caplog.text
     assert eng.step_costs.costs is costs and costs.target_table == pending.result.target_table  # the policy's object
@@ -306,7 +306,7 @@ def test_a_first_start_serves_on_provisional_costs_and_calibrates_while_idle(pai
     warming, pool = later.step_costs.pending, later.scheduler.pool
     assert warming is not None and not later.step_costs.provisional and "warmed up while the engine is idle" in caplog.text
     assert later.step_costs.costs.target_table == saved.target_table and pool.num_free == pool.num_blocks - len(warming.blocks)
-    while later.step_costs.idle_work():
+    while later.deferred.run_one():
         pass
     assert "step shapes warmed up while idle" in caplog.text and pool.num_free == pool.num_blocks
 
@@ -328,7 +328,7 @@ def test_a_calibration_that_fails_while_idle_leaves_the_engine_serving_on_provis
     for runner in (eng.target, eng.draft_runner):
         monkeypatch.setattr(runner, "forward", broken)
     while "the calibration failed" not in caplog.text:  # the next forward raises (a yield may come first)
-        assert eng.step_costs.idle_work()
+        assert eng.deferred.run_one()
     monkeypatch.undo()
     assert eng.step_costs.pending is None and eng.step_costs.provisional and pool.num_free == pool.num_blocks
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
