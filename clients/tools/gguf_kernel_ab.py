@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Two builds of the GGUF block kernels A/B in one process: the working tree's against a git
-revision's, calls alternating, on every layer shape of the default target (Qwen2.5-Coder-1.5B
-Q4_K_M: its Q4_K and Q6_K matrices), M = 1, 5, 16 rows.
+revision's (``--base``), or two kernel sets of the working tree's build (``--sets avx2,avx512-vnni``),
+calls alternating, on every layer shape of the default target (Qwen2.5-Coder-1.5B Q4_K_M: its Q4_K
+and Q6_K matrices), M = 1 (a one-token step), 5 (verifying 4 drafts), 16 (a batch of 16 rows) and
+512 rows (a prefill chunk; not for the head, which a prefill runs on its last row only).
 
 The machine this was written on is shared, so only ratios within one run mean anything. Each
 call uses the next of several copies of the weights (>= 80 MB in all), so they come from DRAM as
@@ -9,6 +11,7 @@ in a model step. Prints median (min) ms per call, B/A, and B's GB/s of weight by
 
     python clients/tools/gguf_kernel_ab.py --base main --threads 1
     python clients/tools/gguf_kernel_ab.py --base HEAD~2 --types Q6_K --repeats 31
+    python clients/tools/gguf_kernel_ab.py --sets avx2,avx512-vnni --threads 2
 """
 
 from __future__ import annotations
@@ -51,6 +54,11 @@ def build(rev: str | None, out: Path) -> Path:
     return lib
 
 
+# The kernel sets' numbers in the library (SD_IMPL_*, csrc/gguf_kernels.h); 0: the best this CPU runs.
+SET_CODES = {"portable": 1, "avx2": 2, "avx512-vnni": 3}
+ROWS = (1, 5, 16, 512)
+
+
 def bind(path: Path) -> ctypes.CDLL:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib = ctypes.CDLL(str(path))
@@ -81,6 +89,7 @@ def prepare(lib: ctypes.CDLL, qtype: int, raw, n: int, k: int):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base", default="HEAD", help="git revision for A (B is the working tree)")
+    p.add_argument("--sets", help="A,B: two kernel sets of the working tree's build instead (e.g. avx2,avx512-vnni)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=21)
     p.add_argument("--types", default="Q4_K,Q6_K", help="comma list of the GGML types to time")
@@ -90,9 +99,18 @@ def main(argv: list[str] | None = None) -> int:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     with tempfile.TemporaryDirectory() as tmp:
-        libs = {"A": bind(build(args.base, Path(tmp))), "B": bind(build(None, Path(tmp)))}
+        if args.sets:  # one build, the set chosen before each call (the repacked layout is the same)
+            lib = bind(build(None, Path(tmp)))
+            libs = {name: (lib, SET_CODES[s]) for name, s in zip("AB", args.sets.split(","), strict=True)}
+            for name, (lib, code) in libs.items():
+                if lib.sd_gguf_set_impl(code) != code:
+                    raise SystemExit(f"this CPU does not run the kernel set {name}")
+            what = f"A = {args.sets.split(',')[0]}, B = {args.sets.split(',')[1]} (the working tree's build)"
+        else:
+            libs = {"A": (bind(build(args.base, Path(tmp))), 0), "B": (bind(build(None, Path(tmp))), 0)}
+            what = f"A = {args.base}, B = working tree"
     rng = np.random.default_rng(0)
-    print(f"A = {args.base}, B = working tree; {args.threads} thread(s), {args.repeats} calls each; ms median (min)")
+    print(f"{what}; {args.threads} thread(s), {args.repeats} calls each; ms median (min)")
     print("| shape | type | M | A | B | B/A | B GB/s |\n|---|---|---|---|---|---|---|")
     for label, type_name, n, k in SHAPES:
         if type_name not in args.types.split(","):
@@ -107,15 +125,18 @@ def main(argv: list[str] | None = None) -> int:
             scales = slice(208, 210) if type_name == "Q6_K" else slice(0, 4)
             raw[..., scales] = 0x10
             raws.append(torch.from_numpy(raw.reshape(n, -1)))
-        weights = {name: [prepare(lib, int(qtype), r, n, k) for r in raws] for name, lib in libs.items()}
+        weights = {name: [prepare(lib, int(qtype), r, n, k) for r in raws] for name, (lib, _) in libs.items()}
         del raws
-        for m in (1, 5, 16):
+        for m in ROWS:
+            if m > 16 and label.startswith("head"):
+                continue
             x = torch.randn(m, k)
             outs = {name: torch.empty(m, n) for name in libs}
             times: dict[str, list[float]] = {name: [] for name in libs}
             for it in range(args.repeats + 1):  # the first round warms up
-                for name, lib in libs.items():
+                for name, (lib, impl) in libs.items():
                     code, data = weights[name][it % len(weights[name])]
+                    lib.sd_gguf_set_impl(impl)
                     t0 = time.perf_counter()
                     rc = lib.sd_gguf_gemm(code, data.data_ptr(), n, k, x.data_ptr(), m, k, outs[name].data_ptr(), n,
                                           args.threads)

@@ -78,8 +78,8 @@ class EngineConfig:
         "int8 (opt-in: per-row activation and per-channel weight scales, batch-invariant, lower quality; CPU only), "
         "none (fp32 on CPU, bf16 on CUDA), auto = gguf on an AVX2 CPU, else int8 on CPU, none on CUDA"))
     # The C kernels' instruction set, for the process (``gguf_kernels``): auto takes the best this CPU runs.
-    kernels: Literal["auto", "avx2", "portable"] = field(default="auto", metadata=_flag(
-        "C kernel set (block GEMMs, row ops, row attention) for the whole process: avx2, portable (plain C, any CPU; "
+    kernels: Literal["auto", "avx512-vnni", "avx2", "portable"] = field(default="auto", metadata=_flag(
+        "C kernel set (block GEMMs, row ops, row attention) for the whole process: avx512-vnni, avx2, portable (plain C, any CPU; "
         "correct, not fast), auto = the best this CPU and OS support; the start-up line names it and the CPU's features"))
     # "segments" keeps every row bit-identical alone and batched (the CPU's promise); "packed" is
     # one attention call per layer for the whole step (what a launch-bound GPU needs).

@@ -48,7 +48,9 @@ ACT16_TYPES = (8,)
 
 # The kernel sets, best first. ``SPECDEC_KERNELS`` picks one for the process (tests, A/B runs, a host
 # where a path misbehaves); ``auto``, the default, takes the best this CPU and OS support.
-KERNEL_SETS = ("avx2", "portable")
+KERNEL_SETS = ("avx512-vnni", "avx2", "portable")
+# Each set's number in the C library (SD_IMPL_*); 0 asks for the best this CPU runs.
+_IMPL_CODES = {"portable": 1, "avx2": 2, "avx512-vnni": 3}
 KERNELS_ENV = "SPECDEC_KERNELS"
 # sd_cpu_features() bits (csrc/gguf_kernels.h): reported at start-up whether or not a kernel set uses them yet
 _CPU_FEATURES = {1: "avx2", 2: "avx512", 4: "avx512-vnni", 8: "amx-int8"}
@@ -76,8 +78,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.sd_gguf_set_impl.restype = ctypes.c_int
     lib.sd_cpu_features.argtypes = []
     lib.sd_cpu_features.restype = ctypes.c_int
-    lib.sd_use_scalar.argtypes = []
-    lib.sd_use_scalar.restype = ctypes.c_int
+    lib.sd_kernel_impl.argtypes = []
+    lib.sd_kernel_impl.restype = ctypes.c_int
     lib.sd_gguf_x8_type.argtypes = [ctypes.c_int]
     lib.sd_gguf_x8_type.restype = ctypes.c_int
     lib.sd_gguf_x8_size.argtypes = [ctypes.c_int, i64, i64]
@@ -213,10 +215,11 @@ def thread_pool(own: bool | None = None) -> str:
 
 
 def vectorized() -> bool:
-    """True when the kernels can run here and the active ones are the AVX2 ones (the portable C
-    kernels are correct everywhere but not faster than int8, so ``--quantize auto`` skips them)."""
+    """True when the kernels can run here and the active set is a vector one (AVX2, AVX-512 VNNI;
+    the portable C kernels are correct everywhere but not faster than int8, so ``--quantize auto``
+    skips them)."""
     try:
-        return bool(library().sd_gguf_x8_type(12))  # Q4_K is repacked by the AVX2 kernels only
+        return bool(library().sd_gguf_x8_type(12))  # Q4_K is repacked by the vector sets only
     except RuntimeError:
         return False
 
@@ -240,8 +243,8 @@ def select_kernels(name: str) -> str:
 
 
 def active_kernels() -> str:
-    """The kernel set that runs: ``"avx2"`` or ``"portable"``."""
-    return "portable" if library().sd_use_scalar() else "avx2"
+    """The kernel set that runs: one of ``KERNEL_SETS``."""
+    return _set_named(library().sd_kernel_impl())
 
 
 def runnable_kernels() -> list[str]:
@@ -261,7 +264,11 @@ def _select(lib: ctypes.CDLL, name: str) -> str:
         raise ValueError(f"kernels {name!r} ({KERNELS_ENV}): {what}; this CPU runs: auto, {', '.join(have)}")
     if name != "auto" and name not in have:
         raise ValueError(f"kernels {name!r} ({KERNELS_ENV}): this CPU lacks them; it runs: auto, {', '.join(have)}")
-    return "portable" if lib.sd_gguf_set_impl(int(name == "portable")) == 1 else "avx2"
+    return _set_named(lib.sd_gguf_set_impl(_IMPL_CODES.get(name, 0)))
+
+
+def _set_named(code: int) -> str:
+    return next(name for name, c in _IMPL_CODES.items() if c == code)
 
 
 def _names(bits: int) -> list[str]:
@@ -283,8 +290,9 @@ def quantize_activations(x: torch.Tensor, k_quant: bool) -> torch.Tensor:
 
 def repack(ggml_type: int, blocks: torch.Tensor, in_features: int) -> tuple[int, torch.Tensor] | None:
     """The layout the active kernels multiply fastest, when it is not the file's own: (the type
-    code to pass to ``gemm``, the repacked bytes); None to use ``blocks`` as they are. On AVX2,
-    Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0 are repacked 8 output rows at a time (``csrc/gguf_x8*.c``)."""
+    code to pass to ``gemm``, the repacked bytes); None to use ``blocks`` as they are. The vector
+    sets repack Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0 8 output rows at a time, in one layout that either
+    set multiplies (``csrc/gguf_x8*.c``; tiles in ``csrc/gguf_x8_tiles.h``)."""
     lib = library()
     code = lib.sd_gguf_x8_type(ggml_type)
     n = blocks.shape[0]

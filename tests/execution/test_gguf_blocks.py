@@ -8,7 +8,8 @@
 4. ``--quantize gguf`` on a float weight makes ggml's own Q8_0 blocks at load, multiplied with
    16-bit activations (per-row int8 where a row is not a multiple of 32).
 
-Every format runs on both the AVX2 kernels (where the CPU has them) and the portable ones.
+Every format runs on every kernel set the CPU has (AVX-512 VNNI, AVX2, the portable C), and the
+vector sets give every output the same bits (5).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ FORMATS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 KERNELS = [(t, 8) for t in FORMATS] + [(T.Q8_0, 16)]
 KERNEL_IDS = [f"{t.name}x{bits}" for t, bits in KERNELS]
 IMPLS = list(gguf_kernels.KERNEL_SETS)  # every set, each bit for bit against the dequantized product
+VECTOR_SETS = [s for s in IMPLS if s != "portable"]  # the sets that repack (one layout for all of them)
+REPACKED = [T.Q4_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -148,12 +151,13 @@ def run_repacked(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tenso
     return out
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0], ids=lambda t: t.name)
-def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype):
-    """Formats repacked 8 output rows at a time (AVX2 only): same checks as the file's layout, with
-    a last group of 5 rows (37 = 4 x 8 + 5)."""
-    if gguf_kernels.select_kernels("auto") != "avx2":
-        pytest.skip("the repacked layout is used with the AVX2 kernels only")
+@pytest.mark.parametrize("impl", VECTOR_SETS)
+@pytest.mark.parametrize("qtype", REPACKED, ids=lambda t: t.name)
+def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype, impl):
+    """Formats repacked 8 output rows at a time (the vector sets): same checks as the file's
+    layout, with a last group of 5 rows (37 = 4 x 8 + 5), and tiles of 6 (AVX2) or 8 (VNNI) rows
+    plus a remainder."""
+    use_kernel_set(impl)
     n, k = 37, 768
     blocks = blocks_for(qtype, n, k, seed=9)
     x = activations(16, k, seed=4)
@@ -183,13 +187,33 @@ def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype):
     gguf_kernels.select_kernels("auto")
 
 
+@pytest.mark.parametrize("qtype, bits", KERNELS, ids=KERNEL_IDS)
+def test_the_vector_sets_give_every_output_the_same_bits(qtype, bits):
+    """AVX-512 VNNI sums the same exact integers as AVX2 (one vpdpbusd where AVX2 takes
+    vpmaddubsw, an int16 add and vpmaddwd) and shares every float step (gguf_x8_tiles.h), so a
+    layer prepared once gives the same bits on either set, for 1..17 rows (tiles of 8 and of 6)."""
+    if "avx512-vnni" not in gguf_kernels.runnable_kernels():
+        pytest.skip(f"this CPU does not run the avx512-vnni kernels (it has: {' '.join(gguf_kernels.cpu_features())})")
+    gguf_kernels.select_kernels("avx2")
+    n, k = 45, 768
+    layer = GGUFLinear([BlockWeight(int(qtype), torch.from_numpy(blocks_for(qtype, n, k, seed=21)), k, bits)], None)
+    x = activations(17, k, seed=22)
+    outputs = {}
+    for name in ("avx2", "avx512-vnni"):
+        gguf_kernels.select_kernels(name)
+        outputs[name] = [layer(x[:m]) for m in (1, 2, 3, 7, 8, 9, 17)]
+    gguf_kernels.select_kernels("auto")
+    for m, a, b in zip((1, 2, 3, 7, 8, 9, 17), outputs["avx2"], outputs["avx512-vnni"], strict=True):
+        assert torch.equal(a, b), (m, (a != b).nonzero()[:5].tolist())
+
+
 @pytest.mark.parametrize("k_quant", [True, False], ids=["act_k", "act_32"])
 def test_avx2_and_portable_activation_quantizers_make_the_same_bytes(k_quant):
     """Every GEMM quantizes its rows first; the AVX2 quantizer must be the portable one, bit for
     bit, also on the edges: ties at .5, all-zero blocks, an outlier, NaN and inf, subnormal and
     near-overflow scales."""
-    if gguf_kernels.select_kernels("auto") != "avx2":
-        pytest.skip("no AVX2 quantizer on this CPU")
+    if gguf_kernels.select_kernels("auto") == "portable":
+        pytest.skip("no AVX2 quantizer on this CPU")  # every vector set quantizes with it
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(9, 1024, generator=gen) * torch.logspace(-38, 38, 9).unsqueeze(1).clamp(max=3e38)
     x[2] = 0.0

@@ -18,7 +18,7 @@
  * editable install keeps the extension it built, whatever the sources became since). */
 const char *sd_gguf_sources_hash(void) { return SD_SOURCES_HASH; }
 
-static int use_scalar = -1; /* -1: not decided yet */
+static int impl = 0; /* SD_IMPL_*; 0: not decided yet */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -72,25 +72,34 @@ int sd_cpu_features(void) {
     return features;
 }
 
-static int detect_scalar(void) { return !(sd_cpu_features() & SD_CPU_AVX2); }
-
-/* 0: the best kernels this CPU runs; 1: the portable scalar ones (for tests). Returns the active one. */
-int sd_gguf_set_impl(int scalar) {
-    use_scalar = scalar ? 1 : detect_scalar();
-    return use_scalar ? 1 : 2;
+/* The best kernel set this CPU and OS run. */
+static int best_impl(void) {
+    const int features = sd_cpu_features();
+    return (features & SD_CPU_AVX512_VNNI) ? SD_IMPL_VNNI : (features & SD_CPU_AVX2) ? SD_IMPL_AVX2 : SD_IMPL_PORTABLE;
 }
 
-int sd_use_scalar(void) {
-    if (use_scalar < 0) use_scalar = detect_scalar();
-    return use_scalar;
+/* Makes `which` (SD_IMPL_*, or 0: the best this CPU runs) the kernel set of this process and
+ * returns it; -1, changing nothing, for a set this CPU lacks (each set needs the ones below it). */
+int sd_gguf_set_impl(int which) {
+    const int best = best_impl();
+    if (which == 0) which = best;
+    if (which < SD_IMPL_PORTABLE || which > best) return -1;
+    impl = which;
+    return impl;
 }
+
+int sd_kernel_impl(void) {
+    if (!impl) impl = best_impl();
+    return impl;
+}
+
+int sd_use_scalar(void) { return sd_kernel_impl() == SD_IMPL_PORTABLE; }
 
 static tile_fn select_tile(int type) {
-    sd_use_scalar();
     const int act16 = type & SD_ACT16;
     type &= 0xff;
 #if defined(__x86_64__) || defined(__i386__)
-    if (!use_scalar) return act16 ? sd_avx2_act16_tile(type) : sd_avx2_tile(type);
+    if (!sd_use_scalar()) return act16 ? sd_avx2_act16_tile(type) : sd_avx2_tile(type);
 #endif
     return act16 ? sd_scalar_act16_tile(type) : sd_scalar_tile(type);
 }
@@ -130,11 +139,8 @@ static void run_part(const void *job, int part) {
         const int64_t groups = (j->n + 7) / 8, g0 = groups * part / j->parts, g1 = groups * (part + 1) / j->parts;
         for (int64_t g = g0; g < g1; g++) {
             const int ncols = (int)(j->n - 8 * g < 8 ? j->n - 8 * g : 8);
-            for (int64_t r0 = 0; r0 < j->m; r0 += X8_ROW_TILE) {
-                const int rows = (int)(j->m - r0 < X8_ROW_TILE ? j->m - r0 : X8_ROW_TILE);
-                j->group(j->w + g * j->group_bytes, j->nb, j->act + r0 * j->act_stride, (size_t)j->act_stride, rows,
-                         j->out + r0 * j->ldo + 8 * g, (size_t)j->ldo, ncols);
-            }
+            j->group(j->w + g * j->group_bytes, j->nb, j->act, (size_t)j->act_stride, (int)j->m, j->out + 8 * g,
+                     (size_t)j->ldo, ncols);
         }
         return;
     }
@@ -151,9 +157,8 @@ static void run_part(const void *job, int part) {
 /* The repacked layout this library multiplies for `type` with the active kernels: SD_X8 | type,
  * or 0 when it multiplies the file's own layout only. */
 int sd_gguf_x8_type(int type) {
-    if (use_scalar < 0) use_scalar = detect_scalar();
     const int repacked = type == T_Q4_K || type == T_Q6_K || type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0;
-    return !use_scalar && repacked ? (SD_X8 | type) : 0;
+    return !sd_use_scalar() && repacked ? (SD_X8 | type) : 0;
 }
 
 /* Bytes of the repacked layout of n rows of k values (0: none for this type and k). */
@@ -197,7 +202,7 @@ int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *
         if (sd_gguf_x8_type(type & 0xff) != type || !sd_gguf_x8_size(type & 0xff, n, k)) return -EINVAL;
         type &= 0xff;
 #if defined(__x86_64__) || defined(__i386__)
-        group = type == T_Q4_K ? sd_q4k_x8_tile : type == T_Q6_K ? sd_q6k_x8_tile : sd_x8_32_tile(type);
+        group = sd_kernel_impl() == SD_IMPL_VNNI ? sd_vnni_x8_group(type) : sd_avx2_x8_group(type);
 #endif
     }
     const int act16 = type & SD_ACT16; /* never with SD_X8: refused above */

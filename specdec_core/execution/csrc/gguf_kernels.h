@@ -14,17 +14,11 @@
 #define QK_K 256
 #define QK32 32
 #define ROW_TILE 4 /* activation rows computed per pass over one weight row */
-#ifndef X8_ROW_TILE
-#define X8_ROW_TILE 6 /* the same for the repacked kernels (fewer registers per row) */
-#endif
 #ifndef X8_PREFETCH
 /* The repacked Q4_K/Q6_K kernels prefetch the super-block this many ahead (2.4 / 3.4 KB): one
  * thread streaming the weights alone reads them 15-25% faster than with the hardware prefetchers
  * only (measured on the 2-core AVX2 dev machine, M=1, 2026-11-24). */
 #define X8_PREFETCH 2
-#endif
-#ifndef Q6K_ROW_TILE
-#define Q6K_ROW_TILE 6 /* rows per pass of the repacked Q6_K kernel (1..6; it splits larger tiles) */
 #endif
 
 /* GGML type ids (gguf.GGMLQuantizationType). */
@@ -57,7 +51,8 @@ typedef void (*tile_fn)(const uint8_t *w, int nb, const uint8_t *act, size_t act
 float sd_fp16_to_fp32(uint16_t h);
 void sd_q4k_scale_min(const uint8_t *scales, uint8_t *sc, uint8_t *mn);
 
-/* Rows of one group of 8 columns of a repacked ("x8") weight; ncols <= 8 of them are stored. */
+/* Any number of rows of one group of 8 columns of a repacked ("x8") weight; ncols <= 8 of them
+ * are stored. */
 typedef void (*group_fn)(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out,
                          size_t ldo, int ncols);
 #define SD_X8 0x100 /* type flag: the weight is repacked 8 columns at a time (gguf_x8.c) */
@@ -85,6 +80,12 @@ tile_fn sd_scalar_tile(int type);
 int64_t sd_act16_row_bytes(int64_t k);
 void sd_quantize_rows16(const float *x, int64_t k, int64_t m, int64_t ldx, uint8_t *act, int64_t stride);
 tile_fn sd_scalar_act16_tile(int type);
+/* The kernel sets, best last; sd_gguf_set_impl picks one for the process (0: the best this CPU
+ * runs). A set runs its own kernels where it has them and the next set's elsewhere: AVX-512 VNNI
+ * has the repacked formats' tiles (gguf_x8_vnni.c) and takes AVX2's for the rest. */
+enum { SD_IMPL_PORTABLE = 1, SD_IMPL_AVX2 = 2, SD_IMPL_VNNI = 3 };
+int sd_gguf_set_impl(int which);
+int sd_kernel_impl(void);
 /* 1 where the portable scalar kernels run (no AVX2/FMA/F16C, or a test asked for them). */
 int sd_use_scalar(void);
 
@@ -121,11 +122,9 @@ int sd_gguf_set_pool(int own);
 #if defined(__x86_64__) || defined(__i386__)
 tile_fn sd_avx2_tile(int type);
 tile_fn sd_avx2_act16_tile(int type);
-group_fn sd_x8_32_tile(int type);
-void sd_q6k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out, size_t ldo,
-                    int ncols);
-void sd_q4k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out, size_t ldo,
-                    int ncols);
+/* The repacked formats' tiles of each vector set (gguf_x8_tiles.h); NULL for other types. */
+group_fn sd_avx2_x8_group(int type);
+group_fn sd_vnni_x8_group(int type);
 #endif
 
 #endif

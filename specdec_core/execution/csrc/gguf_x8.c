@@ -1,4 +1,5 @@
-/* Q4_K for AVX2, repacked at load: 8 weight rows (output columns) interleaved per super-block.
+/* Q4_K repacked at load for the vector kernel sets: 8 weight rows (output columns) interleaved per
+ * super-block. The tiles that multiply it are in gguf_x8_tiles.h.
  *
  * The plain layout multiplies one weight row by one activation row and ends every block with a
  * horizontal sum; here a 256-bit register holds 4 consecutive values of 8 columns, the 4 matching
@@ -20,13 +21,8 @@
 #include <string.h>
 
 #include "gguf_kernels.h"
+#include "gguf_x8_layouts.h"
 
-typedef struct {
-    uint16_t d[8], dmin[8];
-    uint8_t sc[8][8];
-    uint8_t mn[8][8];
-    uint8_t qs[8][4][32];
-} q4k_x8;
 
 int64_t sd_gguf_x8_bytes(int type, int64_t n, int64_t k) {
     if (type != T_Q4_K || k <= 0 || k % QK_K || n <= 0) return 0;
@@ -65,81 +61,3 @@ void sd_gguf_x8_pack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t
         }
     }
 }
-
-#if defined(__x86_64__) || defined(__i386__)
-#pragma GCC target("avx2,fma,f16c")
-#include <immintrin.h>
-
-#include "gguf_x8_common.h"
-
-static inline __attribute__((always_inline)) void q4k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride,
-                                                              const int R, float *out, size_t ldo, int ncols) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[6];
-    UNROLL
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const q4k_x8 *x = (const q4k_x8 *)w + b;
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->d));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->dmin));
-        for (int s = 0; s < 8; s++) {
-            { /* an eighth of the super-block X8_PREFETCH super-blocks ahead (see the header) */
-                const char *pf = (const char *)(x + X8_PREFETCH) + 148 * s;
-                _mm_prefetch(pf, _MM_HINT_T0);
-                _mm_prefetch(pf + 64, _MM_HINT_T0);
-                _mm_prefetch(pf + 128, _MM_HINT_T0);
-            }
-            const __m128i s16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)x->sc[s]));
-            const __m256i scale = _mm256_set_m128i(_mm_unpackhi_epi16(s16, s16), _mm_unpacklo_epi16(s16, s16));
-            __m256i acc16[6];
-            UNROLL
-            for (int r = 0; r < R; r++) acc16[r] = _mm256_setzero_si256();
-            /* not unrolled: unrolled, gcc computes every product first and spills them */
-            _Pragma("GCC unroll 1")
-            for (int u = 0; u < 4; u++) {
-                const __m256i packed = _mm256_loadu_si256((const __m256i *)x->qs[s][u]);
-                const __m256i lo = _mm256_and_si256(packed, m4), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
-                UNROLL
-                for (int r = 0; r < R; r++) {
-                    const int8_t *aq = ((const act_k *)(act + r * stride) + b)->qs + 32 * s + 4 * u;
-                    acc16[r] = _mm256_add_epi16(acc16[r], _mm256_maddubs_epi16(lo, bcast4(aq)));
-                    acc16[r] = _mm256_add_epi16(acc16[r], _mm256_maddubs_epi16(hi, bcast4(aq + 16)));
-                }
-            }
-            UNROLL
-            for (int r = 0; r < R; r++) {
-                const float da = ((const act_k *)(act + r * stride) + b)->d32[s];
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(acc16[r], scale)),
-                                         _mm256_mul_ps(d, _mm256_set1_ps(da)), acc[r]);
-            }
-        }
-        UNROLL
-        for (int r = 0; r < R; r++) { /* the mins: column c gets sum_s mn[s][c] * d32[s] * sub-block sum */
-            const act_k *a = (const act_k *)(act + r * stride) + b;
-            __m256 msum = _mm256_setzero_ps();
-            UNROLL
-            for (int s = 0; s < 8; s++) {
-                const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)x->mn[s])));
-                msum = _mm256_fmadd_ps(m, _mm256_set1_ps(a->s32[s]), msum);
-            }
-            acc[r] = _mm256_fnmadd_ps(msum, dmin, acc[r]);
-        }
-    }
-    x8_store(acc, R, out, ldo, ncols);
-}
-
-#define X8_TILE(R) static void q4k_x8_##R(X8_ARGS) { q4k_x8_tile(w, nb, act, stride, R, out, ldo, ncols); }
-X8_TILE(1)
-X8_TILE(2)
-X8_TILE(3)
-X8_TILE(4)
-X8_TILE(5)
-X8_TILE(6)
-
-/* Rows (1..X8_ROW_TILE) of one 8-column group; `w` points at the group's first super-block. */
-void sd_q4k_x8_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out, size_t ldo,
-                    int ncols) {
-    static void (*const tiles[6])(X8_ARGS) = {q4k_x8_1, q4k_x8_2, q4k_x8_3, q4k_x8_4, q4k_x8_5, q4k_x8_6};
-    tiles[(rows < 1 ? 1 : rows > X8_ROW_TILE ? X8_ROW_TILE : rows) - 1](w, nb, act, stride, out, ldo, ncols);
-}
-#endif

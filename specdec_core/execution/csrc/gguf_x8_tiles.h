@@ -1,0 +1,282 @@
+/* The tiles that multiply the repacked ("x8") layouts (gguf_x8_layouts.h), written once for every
+ * vector kernel set: gguf_x8_avx2.c and gguf_x8_vnni.c each include this file after their own
+ * `#pragma GCC target` and the integer dot product their instructions make.
+ *
+ * Why one template: the sets differ only in how 4 unsigned weight bytes times 4 signed activation
+ * bytes reach an int32 lane (AVX2: vpmaddubsw pairs summed in int16, then vpmaddwd; AVX-512 VNNI:
+ * one vpdpbusd into int32). Integer sums are exact in both (the AVX2 int16 sums are bounded in
+ * each kernel's comment), and every float step below is shared, so the two sets give every output
+ * the same bits, and a row the same bits whatever the number of rows (the per-row float steps do
+ * not depend on R).
+ *
+ * The including file defines:
+ *   X8_ROWS            rows per tile (instantiated 1..X8_ROWS; more registers, more rows)
+ *   X8_SPLIT           tiles of up to this many rows keep two integer chains per row: VNNI's
+ *                      vpdpbusd has a latency of several cycles, and one or two rows have too few
+ *                      independent chains to hide it (0: never)
+ *   dot_first(w, a)    the products of unsigned bytes w and signed bytes a, as an accumulator
+ *   dot(acc, w, a)     acc + dot_first(w, a)
+ *   dot_add(x, y)      the sum of two accumulators
+ *   dot_to32(acc)      the accumulator as 8 int32 column sums
+ *   dot_acc32(i, w, a) int32 column sums i + the products
+ *   dot_scale_u8(p), dot_scale_i8(p)  8 columns' unsigned / signed byte scales, as dot_apply takes them
+ *   dot_apply(acc, s)  8 int32 column sums, each times its column's scale
+ *   X8_GROUP_FN        the name of the function that returns the group_fn of a type
+ */
+#include "gguf_x8_common.h"
+#include "gguf_x8_layouts.h"
+
+#define ROLLED _Pragma("GCC unroll 1") /* unrolled, gcc computes every product first and spills them */
+
+/* --- Q4_K (gguf_x8.c): within a 32-value sub-block the 8 steps sum to at most |8 x 2 x 15 x 127|
+ * = 30480 in int16; dot_apply applies the 8 columns' sub-block scales, one FMA the sub-block's
+ * activation scale. */
+INLINE void q4k_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride, const int R, float *out, size_t ldo,
+                     int ncols) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const int split = R <= X8_SPLIT;
+    __m256 acc[X8_ROWS];
+    UNROLL
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const q4k_x8 *x = (const q4k_x8 *)w + b;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->d));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->dmin));
+        for (int s = 0; s < 8; s++) {
+            { /* an eighth of the super-block X8_PREFETCH super-blocks ahead (see gguf_kernels.h) */
+                const char *pf = (const char *)(x + X8_PREFETCH) + 148 * s;
+                _mm_prefetch(pf, _MM_HINT_T0);
+                _mm_prefetch(pf + 64, _MM_HINT_T0);
+                _mm_prefetch(pf + 128, _MM_HINT_T0);
+            }
+            const __m256i scale = dot_scale_u8(x->sc[s]);
+            __m256i lo_sum[X8_ROWS], hi_sum[X8_ROWS];
+            UNROLL
+            for (int r = 0; r < R; r++) lo_sum[r] = hi_sum[r] = _mm256_setzero_si256();
+            ROLLED
+            for (int u = 0; u < 4; u++) {
+                const __m256i packed = _mm256_loadu_si256((const __m256i *)x->qs[s][u]);
+                const __m256i lo = _mm256_and_si256(packed, m4), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
+                UNROLL
+                for (int r = 0; r < R; r++) {
+                    const int8_t *aq = ((const act_k *)(act + r * stride) + b)->qs + 32 * s + 4 * u;
+                    lo_sum[r] = dot(lo_sum[r], lo, bcast4(aq));
+                    if (split)
+                        hi_sum[r] = dot(hi_sum[r], hi, bcast4(aq + 16));
+                    else
+                        lo_sum[r] = dot(lo_sum[r], hi, bcast4(aq + 16));
+                }
+            }
+            UNROLL
+            for (int r = 0; r < R; r++) {
+                const float da = ((const act_k *)(act + r * stride) + b)->d32[s];
+                const __m256i sum = split ? dot_add(lo_sum[r], hi_sum[r]) : lo_sum[r];
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_apply(sum, scale)), _mm256_mul_ps(d, _mm256_set1_ps(da)),
+                                         acc[r]);
+            }
+        }
+        UNROLL
+        for (int r = 0; r < R; r++) { /* the mins: column c gets sum_s mn[s][c] * d32[s] * sub-block sum */
+            const act_k *a = (const act_k *)(act + r * stride) + b;
+            __m256 msum = _mm256_setzero_ps();
+            UNROLL
+            for (int s = 0; s < 8; s++) {
+                const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)x->mn[s])));
+                msum = _mm256_fmadd_ps(m, _mm256_set1_ps(a->s32[s]), msum);
+            }
+            acc[r] = _mm256_fnmadd_ps(msum, dmin, acc[r]);
+        }
+    }
+    x8_store(acc, R, out, ldo, ncols);
+}
+
+/* --- Q6_K (gguf_x8_q6k.c): per sub-block of 16 values, two steps (unsigned 6-bit q times int8,
+ * |2 x 2 x 63 x 127| = 32004 in int16) at a time, then dot_apply with the 8 columns' scales; per
+ * 32 values the -32 offset comes off exactly (32 sc times the activation's 16-value sums) and one
+ * FMA folds the integer sums into the row's float accumulator with d * d32. */
+#define ACT_K(r) ((const act_k *)(act + (size_t)(r) * stride) + b)
+
+INLINE void q6k_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride, const int R, float *out, size_t ldo,
+                     int ncols) {
+    const __m256i m3f = _mm256_set1_epi8(0x3F), m03 = _mm256_set1_epi8(0x03), m0c = _mm256_set1_epi8(0x0C),
+                  m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[X8_ROWS];
+    UNROLL
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const q6k_x8 *x = (const q6k_x8 *)w + b;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->d));
+        ROLLED
+        for (int t = 0; t < 8; t++) { /* 32 values: sub-blocks 2t, 2t + 1 */
+            { /* an eighth of the super-block X8_PREFETCH super-blocks ahead (see gguf_kernels.h) */
+                const char *pf = (const char *)(x + X8_PREFETCH) + 210 * t;
+                _mm_prefetch(pf, _MM_HINT_T0);
+                _mm_prefetch(pf + 64, _MM_HINT_T0);
+                _mm_prefetch(pf + 128, _MM_HINT_T0);
+                _mm_prefetch(pf + 192, _MM_HINT_T0);
+            }
+            __m256i isum[X8_ROWS];
+            UNROLL
+            for (int h = 0; h < 2; h++) {
+                const int s = 2 * t + h;
+                const __m256i scale = dot_scale_i8(x->sc[s]);
+                const __m256i b0 = _mm256_loadu_si256((const __m256i *)x->q[s].b[0]);
+                const __m256i b1 = _mm256_loadu_si256((const __m256i *)x->q[s].b[1]);
+                const __m256i q0 = _mm256_and_si256(b0, m3f), q1 = _mm256_and_si256(b1, m3f);
+                UNROLL
+                for (int r = 0; r < R; r++) {
+                    const int8_t *aq = ACT_K(r)->qs + 16 * s;
+                    const __m256i p = dot(dot_first(q0, bcast4(aq)), q1, bcast4(aq + 4));
+                    isum[r] = h ? _mm256_add_epi32(isum[r], dot_apply(p, scale)) : dot_apply(p, scale);
+                }
+                const __m256i b2 = _mm256_loadu_si256((const __m256i *)x->q[s].b[2]);
+                const __m256i q2 = _mm256_and_si256(b2, m3f);
+                const __m256i q3 = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b0, 6), m03),
+                                                                   _mm256_and_si256(_mm256_srli_epi16(b1, 4), m0c)),
+                                                   _mm256_and_si256(_mm256_srli_epi16(b2, 2), m30));
+                UNROLL
+                for (int r = 0; r < R; r++) {
+                    const int8_t *aq = ACT_K(r)->qs + 16 * s + 8;
+                    const __m256i p = dot(dot_first(q2, bcast4(aq)), q3, bcast4(aq + 4));
+                    isum[r] = _mm256_add_epi32(isum[r], dot_apply(p, scale));
+                }
+            }
+            /* lanes 2c, 2c+1: 32 sc[2t][c], 32 sc[2t+1][c], against the pair (bsum16[2t], bsum16[2t+1]) */
+            const __m128i sa = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)x->sc[2 * t]));
+            const __m128i sb = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)x->sc[2 * t + 1]));
+            const __m256i off = _mm256_slli_epi16(_mm256_set_m128i(_mm_unpackhi_epi16(sa, sb), _mm_unpacklo_epi16(sa, sb)), 5);
+            UNROLL
+            for (int r = 0; r < R; r++) {
+                const __m256i v = _mm256_sub_epi32(isum[r], _mm256_madd_epi16(off, bcast4(ACT_K(r)->bsum16 + 2 * t)));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(d, _mm256_set1_ps(ACT_K(r)->d32[t])), acc[r]);
+            }
+        }
+    }
+    x8_store(acc, R, out, ldo, ncols);
+}
+
+/* --- Q4_0, Q5_0, Q8_0 (gguf_x8_32.c): the unsigned formats sum 4 steps in int16 (4 x 2 x 31 x
+ * 127 = 31496) and take off their offset (8 or 16) times the activation block's exact sum; Q8_0
+ * multiplies |w| by the activation with w's sign (vpsignb). */
+INLINE void x32_tile(const int type, const uint8_t *w, int nb, const uint8_t *act, size_t stride, const int R,
+                     float *out, size_t ldo, int ncols) {
+    const int64_t gb = x8_32_group_bytes(type);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one8 = _mm256_set1_epi8(1);
+    const int offset = type == T_Q4_0 ? 8 : 16, split = R <= X8_SPLIT;
+    __m256 acc[X8_ROWS];
+    UNROLL
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *x = w + b * gb;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x));
+        __m256i isum[X8_ROWS], isum2[X8_ROWS];
+        UNROLL
+        for (int r = 0; r < R; r++) isum[r] = isum2[r] = _mm256_setzero_si256();
+        if (type == T_Q8_0) {
+            ROLLED
+            for (int u = 0; u < 8; u++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(x + 16 + 32 * u));
+                const __m256i qabs = _mm256_sign_epi8(q, q);
+                UNROLL
+                for (int r = 0; r < R; r++) {
+                    const __m256i a = _mm256_sign_epi8(bcast4(((const act_32 *)(act + r * stride) + b)->qs + 4 * u), q);
+                    if (split && (u & 1))
+                        isum2[r] = dot_acc32(isum2[r], qabs, a);
+                    else
+                        isum[r] = dot_acc32(isum[r], qabs, a);
+                }
+            }
+        } else {
+            const __m256i qh = type == T_Q5_0 ? _mm256_loadu_si256((const __m256i *)(x + 16 + 128)) : _mm256_setzero_si256();
+            __m256i lo_sum[X8_ROWS], hi_sum[X8_ROWS];
+            UNROLL
+            for (int r = 0; r < R; r++) lo_sum[r] = hi_sum[r] = _mm256_setzero_si256();
+            ROLLED
+            for (int p = 0; p < 4; p++) { /* steps p and p + 4: values 4p.. and 16 + 4p.. */
+                const __m256i packed = _mm256_loadu_si256((const __m256i *)(x + 16 + 32 * p));
+                __m256i lo = _mm256_and_si256(packed, m4), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
+                if (type == T_Q5_0) {
+                    const __m128i shift_lo = _mm_cvtsi32_si128(p), shift_hi = _mm_cvtsi32_si128(p + 4);
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, shift_lo), one8), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, shift_hi), one8), 4));
+                }
+                UNROLL
+                for (int r = 0; r < R; r++) {
+                    const int8_t *aq = ((const act_32 *)(act + r * stride) + b)->qs + 4 * p;
+                    lo_sum[r] = dot(lo_sum[r], lo, bcast4(aq));
+                    if (split)
+                        hi_sum[r] = dot(hi_sum[r], hi, bcast4(aq + 16));
+                    else
+                        lo_sum[r] = dot(lo_sum[r], hi, bcast4(aq + 16));
+                    if (p & 1) { /* 4 products summed: move them to int32 before they could overflow int16 */
+                        isum[r] = _mm256_add_epi32(isum[r], dot_to32(split ? dot_add(lo_sum[r], hi_sum[r]) : lo_sum[r]));
+                        lo_sum[r] = hi_sum[r] = _mm256_setzero_si256();
+                    }
+                }
+            }
+            UNROLL
+            for (int r = 0; r < R; r++)
+                isum[r] = _mm256_sub_epi32(isum[r], _mm256_set1_epi32(offset * ((const act_32 *)(act + r * stride) + b)->sum));
+        }
+        UNROLL
+        for (int r = 0; r < R; r++) {
+            const act_32 *a = (const act_32 *)(act + r * stride) + b;
+            const __m256i total = split ? _mm256_add_epi32(isum[r], isum2[r]) : isum[r];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(a->d)), acc[r]);
+        }
+    }
+    x8_store(acc, R, out, ldo, ncols);
+}
+
+/* One instantiation per (format, rows): R is a compile-time constant inside each, so the row
+ * arrays live in registers. Then the group_fn of each format: any number of rows, X8_ROWS at a time. */
+#define X8_Q4K(R) q4k_tile(w, nb, act, stride, R, out, ldo, ncols)
+#define X8_Q6K(R) q6k_tile(w, nb, act, stride, R, out, ldo, ncols)
+#define X8_Q4_0(R) x32_tile(T_Q4_0, w, nb, act, stride, R, out, ldo, ncols)
+#define X8_Q5_0(R) x32_tile(T_Q5_0, w, nb, act, stride, R, out, ldo, ncols)
+#define X8_Q8_0(R) x32_tile(T_Q8_0, w, nb, act, stride, R, out, ldo, ncols)
+
+#if X8_ROWS == 6
+#define X8_TILE_TABLE(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6}
+#define X8_EXTRA_TILES(name, call)
+#elif X8_ROWS == 8
+#define X8_TILE_TABLE(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}
+#define X8_EXTRA_TILES(name, call) \
+    static void name##_7(X8_ARGS) { call(7); } \
+    static void name##_8(X8_ARGS) { call(8); }
+#else
+#error "X8_ROWS: tiles are instantiated for 6 or 8 rows"
+#endif
+
+#define X8_GROUP(name, call)                                                                                  \
+    static void name##_1(X8_ARGS) { call(1); }                                                                \
+    static void name##_2(X8_ARGS) { call(2); }                                                                \
+    static void name##_3(X8_ARGS) { call(3); }                                                                \
+    static void name##_4(X8_ARGS) { call(4); }                                                                \
+    static void name##_5(X8_ARGS) { call(5); }                                                                \
+    static void name##_6(X8_ARGS) { call(6); }                                                                \
+    X8_EXTRA_TILES(name, call)                                                                                \
+    static void name(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out,       \
+                     size_t ldo, int ncols) {                                                                 \
+        static void (*const tiles[X8_ROWS])(X8_ARGS) = X8_TILE_TABLE(name);                                   \
+        for (int r0 = 0; r0 < rows; r0 += X8_ROWS) {                                                          \
+            const int n = rows - r0 < X8_ROWS ? rows - r0 : X8_ROWS;                                          \
+            tiles[n - 1](w, nb, act + (size_t)r0 * stride, stride, out + (size_t)r0 * ldo, ldo, ncols);       \
+        }                                                                                                     \
+    }
+X8_GROUP(x8_q4k, X8_Q4K)
+X8_GROUP(x8_q6k, X8_Q6K)
+X8_GROUP(x8_q4_0, X8_Q4_0)
+X8_GROUP(x8_q5_0, X8_Q5_0)
+X8_GROUP(x8_q8_0, X8_Q8_0)
+
+group_fn X8_GROUP_FN(int type) {
+    switch (type) {
+    case T_Q4_K: return x8_q4k;
+    case T_Q6_K: return x8_q6k;
+    case T_Q4_0: return x8_q4_0;
+    case T_Q5_0: return x8_q5_0;
+    case T_Q8_0: return x8_q8_0;
+    default: return NULL;
+    }
+}

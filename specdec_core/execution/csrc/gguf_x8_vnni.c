@@ -1,0 +1,31 @@
+/* The repacked ("x8") tiles for AVX-512 VNNI (gguf_x8_tiles.h): one vpdpbusd multiplies 4
+ * unsigned weight bytes by 4 signed activation bytes per int32 lane and adds them to it, where
+ * AVX2 needs vpmaddubsw, an int16 add and a vpmaddwd; a vpmulld applies the columns' scales.
+ *
+ * The registers stay 256 bits wide, in the layout the AVX2 tiles read: AMD's Zen 4, the AVX-512
+ * host this was measured on, runs a 512-bit instruction as two 256-bit halves, so wider registers
+ * would not add products per cycle there, and one layout lets either set multiply the same
+ * prepared weights (and give the same bits). AVX-512VL's 32 registers hold 8 rows a tile. */
+#if defined(__x86_64__) || defined(__i386__)
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
+#include <immintrin.h>
+
+#include "gguf_kernels.h"
+
+#include "gguf_x8_common.h"
+
+#define X8_ROWS 8
+#define X8_SPLIT 2
+
+#define dot_first(w, a) _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, a)
+#define dot(acc, w, a) _mm256_dpbusd_epi32(acc, w, a)
+#define dot_add(x, y) _mm256_add_epi32(x, y)
+#define dot_to32(acc) (acc)
+#define dot_acc32(i, w, a) _mm256_dpbusd_epi32(i, w, a)
+#define dot_scale_u8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define dot_scale_i8(p) _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define dot_apply(acc, s) _mm256_mullo_epi32(acc, s)
+#define X8_GROUP_FN sd_vnni_x8_group
+
+#include "gguf_x8_tiles.h"
+#endif
