@@ -99,6 +99,7 @@ static tile_fn select_tile(int type) {
     const int act16 = type & SD_ACT16;
     type &= 0xff;
 #if defined(__x86_64__) || defined(__i386__)
+    if (sd_kernel_impl() == SD_IMPL_VNNI && act16) return sd_vnni_act16_tile(type);
     if (!sd_use_scalar()) return act16 ? sd_avx2_act16_tile(type) : sd_avx2_tile(type);
 #endif
     return act16 ? sd_scalar_act16_tile(type) : sd_scalar_tile(type);

@@ -82,7 +82,8 @@ void sd_quantize_rows16(const float *x, int64_t k, int64_t m, int64_t ldx, uint8
 tile_fn sd_scalar_act16_tile(int type);
 /* The kernel sets, best last; sd_gguf_set_impl picks one for the process (0: the best this CPU
  * runs). A set runs its own kernels where it has them and the next set's elsewhere: AVX-512 VNNI
- * has the repacked formats' tiles (gguf_x8_vnni.c) and takes AVX2's for the rest. */
+ * has the repacked formats' tiles and Q8_0's with 16-bit activations (gguf_vnni.c), and takes
+ * AVX2's for the rest. */
 enum { SD_IMPL_PORTABLE = 1, SD_IMPL_AVX2 = 2, SD_IMPL_VNNI = 3 };
 int sd_gguf_set_impl(int which);
 int sd_kernel_impl(void);
@@ -122,6 +123,7 @@ int sd_gguf_set_pool(int own);
 #if defined(__x86_64__) || defined(__i386__)
 tile_fn sd_avx2_tile(int type);
 tile_fn sd_avx2_act16_tile(int type);
+tile_fn sd_vnni_act16_tile(int type);
 /* The repacked formats' tiles of each vector set (gguf_x8_tiles.h); NULL for other types. */
 group_fn sd_avx2_x8_group(int type);
 group_fn sd_vnni_x8_group(int type);

@@ -40,40 +40,10 @@ tile_fn sd_scalar_act16_tile(int type) { return type == T_Q8_0 ? portable_q8_0_a
 
 #include "avx2_common.h"
 
-INLINE void q8_0_a16_rows(const uint8_t *w, int nb, const uint8_t *act, size_t stride, const int R, float *out,
-                          size_t ldo) {
-    __m256 acc[ROW_TILE];
-    UNROLL
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const blk_q8_0 *blk = (const blk_q8_0 *)(w + (size_t)b * sizeof(blk_q8_0));
-        const float d = _cvtsh_ss(blk->d);
-        const __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)blk->qs));
-        const __m256i hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk->qs + 16)));
-        UNROLL
-        for (int r = 0; r < R; r++) {
-            const act_16 *a = (const act_16 *)(act + (size_t)r * stride) + b;
-            const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)a->qs)),
-                                               _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(a->qs + 16))));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * a->d), acc[r]);
-        }
-    }
-    UNROLL
-    for (int r = 0; r < R; r++) out[(size_t)r * ldo] = hsum8(acc[r]);
-}
-
-_Static_assert(ROW_TILE == 4, "avx2_q8_0_a16 instantiates tiles of 1..4 rows");
-
-static void avx2_q8_0_a16(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out,
-                          size_t ldo) {
-    switch (rows) { /* R a compile-time constant per instantiation: the accumulators stay in registers */
-    case 1: q8_0_a16_rows(w, nb, act, stride, 1, out, ldo); break;
-    case 2: q8_0_a16_rows(w, nb, act, stride, 2, out, ldo); break;
-    case 3: q8_0_a16_rows(w, nb, act, stride, 3, out, ldo); break;
-    default: q8_0_a16_rows(w, nb, act, stride, 4, out, ldo); break;
-    }
-}
-
-tile_fn sd_avx2_act16_tile(int type) { return type == T_Q8_0 ? avx2_q8_0_a16 : NULL; }
+/* int16 x int16 pairs summed in int32 (vpmaddwd), then added */
+#define dot16_first(w, a) _mm256_madd_epi16(w, a)
+#define dot16(acc, w, a) _mm256_add_epi32(acc, _mm256_madd_epi16(w, a))
+#define ACT16_TILE_FN sd_avx2_act16_tile
+#include "gguf_q8_0_act16_tile.h"
 #pragma GCC pop_options
 #endif

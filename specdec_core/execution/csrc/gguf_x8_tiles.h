@@ -1,5 +1,5 @@
 /* The tiles that multiply the repacked ("x8") layouts (gguf_x8_layouts.h), written once for every
- * vector kernel set: gguf_x8_avx2.c and gguf_x8_vnni.c each include this file after their own
+ * vector kernel set: gguf_x8_avx2.c and gguf_vnni.c each include this file after their own
  * `#pragma GCC target` and the integer dot product their instructions make.
  *
  * Why one template: the sets differ only in how 4 unsigned weight bytes times 4 signed activation

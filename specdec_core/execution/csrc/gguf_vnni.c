@@ -1,6 +1,8 @@
-/* The repacked ("x8") tiles for AVX-512 VNNI (gguf_x8_tiles.h): one vpdpbusd multiplies 4
- * unsigned weight bytes by 4 signed activation bytes per int32 lane and adds them to it, where
- * AVX2 needs vpmaddubsw, an int16 add and a vpmaddwd; a vpmulld applies the columns' scales.
+/* The AVX-512 VNNI kernel set: the repacked ("x8") tiles (gguf_x8_tiles.h), where one vpdpbusd
+ * multiplies 4 unsigned weight bytes by 4 signed activation bytes per int32 lane and adds them to
+ * it (AVX2 needs vpmaddubsw, an int16 add and a vpmaddwd) and a vpmulld applies the columns'
+ * scales; and Q8_0 with 16-bit activations (gguf_q8_0_act16_tile.h), where one vpdpwssd replaces
+ * a vpmaddwd and an add. The other formats' tiles are AVX2's (gguf_gemm.c's select_tile).
  *
  * The registers stay 256 bits wide, in the layout the AVX2 tiles read: AMD's Zen 4, the AVX-512
  * host this was measured on, runs a 512-bit instruction as two 256-bit halves, so wider registers
@@ -28,4 +30,9 @@
 #define X8_GROUP_FN sd_vnni_x8_group
 
 #include "gguf_x8_tiles.h"
+
+#define dot16_first(w, a) _mm256_dpwssd_epi32(_mm256_setzero_si256(), w, a)
+#define dot16(acc, w, a) _mm256_dpwssd_epi32(acc, w, a)
+#define ACT16_TILE_FN sd_vnni_act16_tile
+#include "gguf_q8_0_act16_tile.h"
 #endif
