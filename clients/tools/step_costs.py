@@ -6,7 +6,8 @@ number to watch when changing the execution layer (``specdec_core/execution/line
 ``native_decoder.py``). For the target and the draft, in each quantization mode, it times one
 forward of ``ModelRunner`` (the engine's own), the shapes interleaved over rounds, with:
 
-- one request verifying N tokens (1 known + N - 1 drafts), N in 1, 2, 3, 5, 9, 17, 33;
+- one request verifying N tokens (1 known + N - 1 drafts), N in 1, 2, 3, 5, 9, 17, 33 (``--tokens``:
+  any N, e.g. a 512-token prefill chunk);
 - R requests of 1 and of 5 tokens each, R in 1, 4, 16;
 
 every request with ``--context`` tokens already cached. Prints the median (``--stat min``: the
@@ -41,8 +42,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=7, help="rounds over the shapes, one timed forward of each per round")
     p.add_argument("--stat", default="median", choices=["median", "min"],
                    help="what to report of each shape's rounds (min: on a shared, noisy machine)")
+    p.add_argument("--tokens", default=",".join(map(str, SINGLE_TOKENS)),
+                   help="comma list of N for the one-request shapes (a prefill chunk: e.g. 128,512)")
     p.add_argument("--out", default="bench-results", help="directory for the JSON")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.tokens = tuple(int(n) for n in args.tokens.split(","))
+    if 1 not in args.tokens or 5 not in args.tokens:
+        p.error("--tokens must include 1 and 5 (the table's last column is their ratio)")
+    return args
 
 
 def time_shapes(runner, shapes: dict[str, list], repeats: int, stat: str) -> dict[str, float]:
@@ -70,21 +77,22 @@ def time_shapes(runner, shapes: dict[str, list], repeats: int, stat: str) -> dic
     return {name: pick(t) for name, t in times.items()}
 
 
-def measure(loaded, quantize: str, context: int, repeats: int, stat: str) -> dict[str, float]:
+def measure(loaded, quantize: str, context: int, tokens: tuple[int, ...], repeats: int, stat: str) -> dict[str, float]:
     from specdec_core.execution.device_profile import DeviceProfile
     from specdec_core.execution.forward_plan import ForwardItem
     from specdec_core.execution.kv_cache import blocks_for, region
     from specdec_core.execution.model_runner import ModelRunner
 
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
-    runner = ModelRunner(loaded.model, num_blocks=16 * blocks_for(context + 40, 16),
-                         block_size=16, max_len=context + 40, vocab_size=vocab,
+    room = context + max(tokens) + 8  # each request's slot: its cached tokens and its longest shape
+    runner = ModelRunner(loaded.model, num_blocks=16 * blocks_for(room, 16),
+                         block_size=16, max_len=room, vocab_size=vocab,
                          profile=DeviceProfile.of_model(loaded.model, quantize))
 
     def item(slot: int, n: int) -> ForwardItem:
-        return ForwardItem(region(slot, context + 40, 16), context, [17 + j for j in range(n)], n, num_drafts=n - 1)
+        return ForwardItem(region(slot, room, 16), context, [17 + j for j in range(n)], n, num_drafts=n - 1)
 
-    shapes = {f"1x{n}": [item(0, n)] for n in SINGLE_TOKENS}
+    shapes = {f"1x{n}": [item(0, n)] for n in tokens}
     for reqs, n in BATCHES:
         shapes.setdefault(f"{reqs}x{n}", [item(s, n) for s in range(reqs)])
     costs: dict[str, float] = time_shapes(runner, shapes, repeats, stat)
@@ -116,11 +124,11 @@ def main(argv: list[str] | None = None) -> int:
                             cache_dir=default_cache_dir(), progress=True)
         for mode in modes:
             print(f"timing {role} {loaded.name} quantize={mode} ...", file=sys.stderr, flush=True)
-            table[f"{role} {loaded.name} {mode}"] = measure(loaded, mode, args.context, args.repeats, args.stat)
+            table[f"{role} {loaded.name} {mode}"] = measure(loaded, mode, args.context, args.tokens, args.repeats, args.stat)
         del loaded
         gc.collect()
 
-    shapes = [f"1x{n}" for n in SINGLE_TOKENS] + [f"{r}x{n}" for r, n in BATCHES if r > 1]
+    shapes = [f"1x{n}" for n in args.tokens] + [f"{r}x{n}" for r, n in BATCHES if r > 1]
     print(f"\n{args.stat} ms per forward over {args.repeats} interleaved rounds, {args.context} tokens cached per request;"
           f" 'RxN' = R requests of N tokens (1 known + N-1 drafts); torch {torch.__version__},"
           f" {torch.get_num_threads()} threads, {device}")
