@@ -69,14 +69,14 @@ class EngineConfig:
     device: Literal["auto", "cpu", "cuda"] = field(default="auto", metadata=_flag("where both models run"))
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(default="auto", metadata=_flag(
         "weight/activation dtype"))
-    # "auto": on the CPU the block kernels where the AVX2 ones run (a GGUF model's own blocks, Q8_0
-    # made at load for any other model: per-row int8 garbles small models), else per-row int8 (all
-    # batch-invariant); none (bf16) on CUDA.
+    # "auto": on the CPU the block kernels where a vector set (AVX2, AVX-512 VNNI) runs (a GGUF
+    # model's own blocks, Q8_0 made at load for any other model: per-row int8 garbles small models),
+    # else per-row int8 (all batch-invariant); none (bf16) on CUDA.
     quantize: Literal["auto", "none", "int8", "gguf"] = field(default="auto", metadata=_flag(
         "linear layers: gguf (the GGUF block kernels: a GGUF model's own quantized blocks, Q8_0 blocks made at "
         "load for any other model or layer; 8-bit per-row activations, batch-invariant; CPU only), "
         "int8 (opt-in: per-row activation and per-channel weight scales, batch-invariant, lower quality; CPU only), "
-        "none (fp32 on CPU, bf16 on CUDA), auto = gguf on an AVX2 CPU, else int8 on CPU, none on CUDA"))
+        "none (fp32 on CPU, bf16 on CUDA), auto = gguf on an AVX2 or AVX-512 VNNI CPU, else int8 on CPU, none on CUDA"))
     # The C kernels' instruction set, for the process (``gguf_kernels``): auto takes the best this CPU runs.
     kernels: Literal["auto", "avx512-vnni", "avx2", "portable"] = field(default="auto", metadata=_flag(
         "C kernel set (block GEMMs, row ops, row attention) for the whole process: avx512-vnni, avx2, portable (plain C, any CPU; "
