@@ -54,8 +54,6 @@ def build(rev: str | None, out: Path) -> Path:
     return lib
 
 
-# The kernel sets' numbers in the library (SD_IMPL_*, csrc/gguf_kernels.h); 0: the best this CPU runs.
-SET_CODES = {"portable": 1, "avx2": 2, "avx512-vnni": 3}
 ROWS = (1, 5, 16, 512)
 
 
@@ -100,12 +98,15 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.sets:  # one build, the set chosen before each call (the repacked layout is the same)
+            from specdec_core.execution.gguf_kernels import KERNEL_SET_CODES
+
+            set_a, set_b = args.sets.split(",")
             lib = bind(build(None, Path(tmp)))
-            libs = {name: (lib, SET_CODES[s]) for name, s in zip("AB", args.sets.split(","), strict=True)}
-            for name, (lib, code) in libs.items():
-                if lib.sd_gguf_set_impl(code) != code:
+            libs = {"A": (lib, KERNEL_SET_CODES[set_a]), "B": (lib, KERNEL_SET_CODES[set_b])}
+            for name in (set_a, set_b):
+                if lib.sd_gguf_set_impl(KERNEL_SET_CODES[name]) != KERNEL_SET_CODES[name]:
                     raise SystemExit(f"this CPU does not run the kernel set {name}")
-            what = f"A = {args.sets.split(',')[0]}, B = {args.sets.split(',')[1]} (the working tree's build)"
+            what = f"A = {set_a}, B = {set_b} (the working tree's build)"
         else:
             libs = {"A": (bind(build(args.base, Path(tmp))), 0), "B": (bind(build(None, Path(tmp))), 0)}
             what = f"A = {args.base}, B = working tree"

@@ -49,8 +49,9 @@ ACT16_TYPES = (8,)
 # The kernel sets, best first. ``SPECDEC_KERNELS`` picks one for the process (tests, A/B runs, a host
 # where a path misbehaves); ``auto``, the default, takes the best this CPU and OS support.
 KERNEL_SETS = ("avx512-vnni", "avx2", "portable")
-# Each set's number in the C library (SD_IMPL_*); 0 asks for the best this CPU runs.
-_IMPL_CODES = {"portable": 1, "avx2": 2, "avx512-vnni": 3}
+# Each set's number in the C library (SD_IMPL_*, csrc/gguf_kernels.h); 0 asks for the best this CPU
+# runs. Also read by clients/tools/gguf_kernel_ab.py, which binds builds of its own.
+KERNEL_SET_CODES = {"portable": 1, "avx2": 2, "avx512-vnni": 3}
 KERNELS_ENV = "SPECDEC_KERNELS"
 # sd_cpu_features() bits (csrc/gguf_kernels.h): reported at start-up whether or not a kernel set uses them yet
 _CPU_FEATURES = {1: "avx2", 2: "avx512", 4: "avx512-vnni", 8: "amx-int8"}
@@ -264,11 +265,11 @@ def _select(lib: ctypes.CDLL, name: str) -> str:
         raise ValueError(f"kernels {name!r} ({KERNELS_ENV}): {what}; this CPU runs: auto, {', '.join(have)}")
     if name != "auto" and name not in have:
         raise ValueError(f"kernels {name!r} ({KERNELS_ENV}): this CPU lacks them; it runs: auto, {', '.join(have)}")
-    return _set_named(lib.sd_gguf_set_impl(_IMPL_CODES.get(name, 0)))
+    return _set_named(lib.sd_gguf_set_impl(KERNEL_SET_CODES.get(name, 0)))
 
 
 def _set_named(code: int) -> str:
-    return next(name for name, c in _IMPL_CODES.items() if c == code)
+    return next(name for name, c in KERNEL_SET_CODES.items() if c == code)
 
 
 def _names(bits: int) -> list[str]:
