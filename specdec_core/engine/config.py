@@ -142,7 +142,7 @@ class EngineConfig:
     seed: int | None = field(default=None, metadata=_flag(
         "engine seed for requests that give none", default_help="seeded from the clock at startup"))
     cache_dir: Path = field(default_factory=default_cache_dir, metadata=_flag(
-        "where converted GGUF weights and the assembled default pair are kept",
+        "where converted GGUF weights, the default pair's checked headers and the step costs are kept",
         default_help="$XDG_CACHE_HOME/specdec, i.e. ~/.cache/specdec"))
     # Choose each step's draft lengths from measured step costs and each request's observed
     # acceptance (never above num_speculative_tokens). Changes speed only, never the output.

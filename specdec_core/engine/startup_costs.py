@@ -31,7 +31,7 @@ from specdec_core.execution.kv_cache import blocks_for
 from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.loading.progress_log import phase
 from specdec_core.speculation.calibration import Calibration, WarmUp, calibration_blocks, warm_up, warm_up_blocks
-from specdec_core.speculation.cost_cache import CostCache, machine, model_identity
+from specdec_core.speculation.cost_cache import CostCache, machine
 from specdec_core.speculation.scheduled_request import ScheduledItems
 from specdec_core.speculation.step_costs import StepCostModel, observe_step
 
@@ -106,8 +106,8 @@ def step_costs(config: EngineConfig, target: ModelRunner, draft: ModelRunner | N
     # the C kernels run the block layers (gguf) and the row-wise ops (CPU float32): a new build or set, new costs
     c_kernels = profile.kernels == "gguf" or profile.row_kernels
     cache = CostCache(config.cache_dir, {
-        "target": model_identity(target_model.path),
-        "draft": model_identity(draft_model.path) if draft_model is not None else None,
+        "target": target_model.identity,
+        "draft": draft_model.identity if draft_model is not None else None,
         "quantize": profile.kernels,
         "kernels": gguf_kernels.build() if c_kernels else None,
         "kernel_set": gguf_kernels.active_kernels() if c_kernels else None,

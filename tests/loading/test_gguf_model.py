@@ -93,7 +93,7 @@ def test_served_from_the_file_is_the_converted_model(smol_gguf, tmp_path):
     cache = tmp_path / "cache"
     served = load_model(str(smol_gguf), role="target",
                         profile=DeviceProfile.decide("cpu", "float32", "gguf"), cache_dir=cache, progress=False)
-    assert served.path == smol_gguf
+    assert served.path == smol_gguf and served.source is not None and served.source.parts == (smol_gguf,)
     assert not cache.exists() or not any(cache.rglob("*"))
     assert {p.numel() for p in served.model.model.layers[0].self_attn.q_proj.parameters()} == {0}  # blocks only
     assert_served_is_converted(served, load(smol_gguf), PROMPT)

