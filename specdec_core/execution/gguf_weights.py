@@ -123,6 +123,14 @@ def attach_block_weights(model: torch.nn.Module) -> int:
     return len(weights)
 
 
+def drop_file_blocks(model: torch.nn.Module) -> None:
+    """Leave a file-served model's blocks only on its modules (``ATTRIBUTE``), for a runner that owns
+    the model: each layer's are then freed once it holds its repacked copy, instead of the file's
+    layout being held beside every copy (1.6 GB for the default pair)."""
+    if hasattr(model, BLOCKS_ATTRIBUTE):
+        delattr(model, BLOCKS_ATTRIBUTE)
+
+
 def detach_block_weights(model: torch.nn.Module) -> None:
     """Drop the attached blocks once the prepared layers hold their own (fused) copies."""
     for module in model.modules():

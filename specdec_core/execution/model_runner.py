@@ -25,8 +25,9 @@ from specdec_core.execution.decode_graphs import DecodeGraphs
 from specdec_core.execution.decoder_families import describe
 from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.forward_plan import ForwardItem, ForwardPlan
-from specdec_core.execution.gguf_weights import attach_block_weights, detach_block_weights
+from specdec_core.execution.gguf_weights import attach_block_weights, detach_block_weights, drop_file_blocks
 from specdec_core.execution.hf_types import HFModule
+from specdec_core.execution.host_heap import return_freed_memory
 from specdec_core.execution.host_upload import HostUpload
 from specdec_core.execution.kv_cache import PagedKVCache
 from specdec_core.execution.native_decoder import NativeDecoder
@@ -71,6 +72,8 @@ class ModelRunner:
             self._prepare(model, max_len, release_weights, head_rows)
         finally:
             detach_block_weights(model)
+        if release_weights:
+            return_freed_memory()  # the originals' pages, freed while preparing
         self.graphs: DecodeGraphs | None = None
         if graph_buckets is not None and profile.decode_graphs and self.native is not None:
             self.graphs = DecodeGraphs(self.native, self.cache, *graph_buckets, capture=profile.capture_graphs)
@@ -87,6 +90,8 @@ class ModelRunner:
     def _prepare(self, model: HFModule, max_len: int, release_weights: bool, head_rows: list[int] | None) -> None:
         spec, why_not = describe(model, max_len)
         if spec is not None:
+            if release_weights:
+                drop_file_blocks(model)
             self.native = NativeDecoder(model, spec, self.profile, max_len, release=release_weights, head_rows=head_rows)
             self.path = "native"
         else:

@@ -279,8 +279,11 @@ def _dense_weight(linear: HFModule) -> torch.Tensor:
 
 
 def _release(linear: HFModule) -> None:
-    """Drop an original weight the prepared layer has copied (halves peak memory for big models)."""
+    """Drop an original weight the prepared layer has copied (halves peak memory for big models),
+    and its GGUF blocks, repacked by now (the embedding keeps its own for the lookups)."""
     linear.weight = torch.nn.Parameter(linear.weight.new_empty(0), requires_grad=False)
+    if hasattr(linear, ATTRIBUTE):
+        delattr(linear, ATTRIBUTE)
     if getattr(linear, "bias", None) is not None:
         linear.bias = torch.nn.Parameter(linear.bias.new_empty(0), requires_grad=False)
 

@@ -5,6 +5,7 @@ which transformers' GGUF loading drops, the model the file was written from)."""
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import torch
 from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.forward_plan import ForwardItem
 from specdec_core.execution.gguf_file import read_gguf
+from specdec_core.execution.gguf_linear import BlockWeight
 from specdec_core.loading.loader import load_model
 from tests.helpers.gguf_writer import write_phi3_gguf
 from tests.helpers.models import load
@@ -97,6 +99,26 @@ def test_served_from_the_file_is_the_converted_model(smol_gguf, tmp_path):
     assert not cache.exists() or not any(cache.rglob("*"))
     assert {p.numel() for p in served.model.model.layers[0].self_attn.q_proj.parameters()} == {0}  # blocks only
     assert_served_is_converted(served, load(smol_gguf), PROMPT)
+
+
+def test_a_runner_that_owns_the_model_keeps_only_the_repacked_blocks(smol_gguf, tmp_path):
+    """The engine's runners own their models: once prepared, the blocks in the file's layout are
+    freed (only the embedding's stay, for the lookups), not held beside the repacked copies the
+    kernels run, and the logits are those of a runner that leaves the model as it was."""
+    profile = DeviceProfile.decide("cpu", "float32", "gguf")
+    shared, owned = (load_model(str(smol_gguf), role="target", profile=profile, cache_dir=tmp_path, progress=False)
+                     for _ in range(2))
+    vocab = shared.model.config.vocab_size
+    ids = shared.tokenizer(PROMPT)["input_ids"]
+    items = [ForwardItem(region(0, 64), 0, ids, len(ids))]
+    keeps = slot_runner(shared.model, 2, 64, vocab_size=vocab, quantize="gguf")
+    frees = slot_runner(owned.model, 2, 64, vocab_size=vocab, quantize="gguf", release_weights=True)
+    assert torch.equal(frees.forward(items), keeps.forward(items))
+    gc.collect()
+    alive = {id(o.blocks) for o in gc.get_objects() if isinstance(o, BlockWeight)}
+    kept = {id(b.blocks) for b in shared.model.specdec_blocks.values()}  # the tied head shares the embedding's
+    assert len(kept) == 1 + 7 * shared.model.config.num_hidden_layers and not hasattr(owned.model, "specdec_blocks")
+    assert alive == kept | {id(frees.native.embed_blocks.blocks)}
 
 
 @pytest.mark.slow
