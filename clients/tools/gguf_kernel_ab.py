@@ -2,7 +2,8 @@
 """Two builds of the GGUF block kernels A/B in one process: the working tree's against a git
 revision's (``--base``), or two kernel sets of the working tree's build (``--sets avx2,avx512-vnni``),
 calls alternating, on every layer shape of the default target (Qwen2.5-Coder-1.5B Q4_K_M: its Q4_K
-and Q6_K matrices), M = 1 (a one-token step), 5 (verifying 4 drafts), 16 (a batch of 16 rows) and
+and Q6_K matrices; ``Q8_0-act16``: its shapes as a safetensors model is served on the CPU, Q8_0
+made at load times 16-bit activations), M = 1 (a one-token step), 5 (verifying 4 drafts), 16 (a batch of 16 rows) and
 512 rows (a prefill chunk; not for the head, which a prefill runs on its last row only).
 
 The machine this was written on is shared, so only ratios within one run mean anything. Each
@@ -12,6 +13,7 @@ in a model step. Prints median (min) ms per call, B/A, and B's GB/s of weight by
     python clients/tools/gguf_kernel_ab.py --base main --threads 1
     python clients/tools/gguf_kernel_ab.py --base HEAD~2 --types Q6_K --repeats 31
     python clients/tools/gguf_kernel_ab.py --sets avx2,avx512-vnni --threads 2
+    python clients/tools/gguf_kernel_ab.py --base HEAD~1 --types Q8_0-act16 --threads 2 --set avx2
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ SHAPES = [("q/o 1536x1536", "Q4_K", 1536, 1536), ("k/v 256x1536", "Q4_K", 256, 1
           ("v 256x1536", "Q6_K", 256, 1536), ("gate/up 8960x1536", "Q4_K", 8960, 1536),
           ("down 1536x8960", "Q4_K", 1536, 8960), ("down 1536x8960", "Q6_K", 1536, 8960),
           ("head 151936x1536", "Q6_K", 151936, 1536)]
+SHAPES += [(label, "Q8_0-act16", n, k) for label, _, n, k in SHAPES[:1] + SHAPES[3:5] + SHAPES[6:]]
+ACT16 = 0x200  # SD_ACT16 (gguf_kernels.ACT16): the type code's flag for 16-bit activations
 
 
 def build(rev: str | None, out: Path) -> Path:
@@ -71,7 +75,8 @@ def bind(path: Path) -> ctypes.CDLL:
 
 
 def prepare(lib: ctypes.CDLL, qtype: int, raw, n: int, k: int):
-    """(type code, bytes) in the layout this build multiplies (repacked where it repacks)."""
+    """(type code, bytes) in the layout this build multiplies (repacked where it repacks);
+    ``qtype`` may carry ACT16."""
     import torch
 
     code = lib.sd_gguf_x8_type(qtype)
@@ -88,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base", default="HEAD", help="git revision for A (B is the working tree)")
     p.add_argument("--sets", help="A,B: two kernel sets of the working tree's build instead (e.g. avx2,avx512-vnni)")
+    p.add_argument("--set", help="with --base: the kernel set both builds run (default: the best this CPU runs)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=21)
     p.add_argument("--types", default="Q4_K,Q6_K", help="comma list of the GGML types to time")
@@ -108,25 +114,29 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"this CPU does not run the kernel set {name}")
             what = f"A = {set_a}, B = {set_b} (the working tree's build)"
         else:
-            libs = {"A": (bind(build(args.base, Path(tmp))), 0), "B": (bind(build(None, Path(tmp))), 0)}
-            what = f"A = {args.base}, B = working tree"
+            from specdec_core.execution.gguf_kernels import KERNEL_SET_CODES
+
+            impl = KERNEL_SET_CODES[args.set] if args.set else 0
+            libs = {"A": (bind(build(args.base, Path(tmp))), impl), "B": (bind(build(None, Path(tmp))), impl)}
+            what = f"A = {args.base}, B = working tree, kernels {args.set or 'the best'}"
     rng = np.random.default_rng(0)
     print(f"{what}; {args.threads} thread(s), {args.repeats} calls each; ms median (min)")
     print("| shape | type | M | A | B | B/A | B GB/s |\n|---|---|---|---|---|---|---|")
     for label, type_name, n, k in SHAPES:
         if type_name not in args.types.split(","):
             continue
-        qtype = GGMLQuantizationType[type_name]
+        qtype = GGMLQuantizationType[type_name.removesuffix("-act16")]
         block, size = GGML_QUANT_SIZES[qtype]
         nbytes = n * (k // block) * size
         raws = []
         for _ in range(max(1, -(-(80 << 20) // nbytes))):
             raw = rng.integers(0, 256, size=(n, k // block, size), dtype=np.uint8)
-            # small positive fp16 scales (Q6_K: d; Q4_K: d and dmin): random ones can be inf or NaN
-            scales = slice(208, 210) if type_name == "Q6_K" else slice(0, 4)
+            # small positive fp16 scales (Q6_K: d; Q4_K: d and dmin; Q8_0: d): random ones can be inf or NaN
+            scales = slice(208, 210) if type_name == "Q6_K" else slice(0, 2) if qtype == GGMLQuantizationType.Q8_0 else slice(0, 4)
             raw[..., scales] = 0x10
             raws.append(torch.from_numpy(raw.reshape(n, -1)))
-        weights = {name: [prepare(lib, int(qtype), r, n, k) for r in raws] for name, (lib, _) in libs.items()}
+        kind = int(qtype) | (ACT16 if type_name.endswith("-act16") else 0)
+        weights = {name: [prepare(lib, kind, r, n, k) for r in raws] for name, (lib, _) in libs.items()}
         del raws
         for m in ROWS:
             if m > 16 and label.startswith("head"):

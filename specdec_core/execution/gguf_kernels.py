@@ -293,7 +293,8 @@ def repack(ggml_type: int, blocks: torch.Tensor, in_features: int) -> tuple[int,
     """The layout the active kernels multiply fastest, when it is not the file's own: (the type
     code to pass to ``gemm``, the repacked bytes); None to use ``blocks`` as they are. The vector
     sets repack Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0 8 output rows at a time, in one layout that either
-    set multiplies (``csrc/gguf_x8*.c``; tiles in ``csrc/gguf_x8_tiles.h``)."""
+    set multiplies (``csrc/gguf_x8*.c``; tiles in ``csrc/gguf_x8_tiles.h``); ``ggml_type`` may carry
+    ``ACT16``, kept in the code (Q8_0's tiles for 16-bit activations: ``gguf_q8_0_act16_tile.h``)."""
     lib = library()
     code = lib.sd_gguf_x8_type(ggml_type)
     n = blocks.shape[0]

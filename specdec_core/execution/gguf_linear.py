@@ -107,11 +107,9 @@ class GGUFLinear(PreparedLinear):
         # the file's layout is not kept beside a repacked copy
         self.calls: list[tuple[int, torch.Tensor, int]] = []
         for part in merged:
-            if part.activation_bits == 16:  # the 16-bit-activation tiles read the file's layout
-                code, data = part.ggml_type | gguf_kernels.ACT16, part.blocks
-            else:
-                packed = gguf_kernels.repack(part.ggml_type, part.blocks, in_features)
-                code, data = packed if packed is not None else (part.ggml_type, part.blocks)
+            kind = part.ggml_type | (gguf_kernels.ACT16 if part.activation_bits == 16 else 0)
+            packed = gguf_kernels.repack(kind, part.blocks, in_features)
+            code, data = packed if packed is not None else (kind, part.blocks)
             self.calls.append((code, data, part.out_features))
         self.bias = None if bias is None else bias.detach().float().contiguous()
         if len(self.calls) > LINEAR_CALLS:

@@ -34,7 +34,7 @@ KERNELS = [(t, 8) for t in FORMATS] + [(T.Q8_0, 16)]
 KERNEL_IDS = [f"{t.name}x{bits}" for t, bits in KERNELS]
 IMPLS = list(gguf_kernels.KERNEL_SETS)  # every set, each bit for bit against the dequantized product
 VECTOR_SETS = [s for s in IMPLS if s != "portable"]  # the sets that repack (one layout for all of them)
-REPACKED = [T.Q4_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0]
+REPACKED = [(t, 8) for t in (T.Q4_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0)] + [(T.Q8_0, 16)]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -143,8 +143,10 @@ def test_torchs_openmp_team_and_our_own_pool_compute_the_same_bits():
         gguf_kernels.thread_pool(own=False)
 
 
-def run_repacked(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tensor, threads: int = 2) -> torch.Tensor:
-    packed = gguf_kernels.repack(int(qtype), torch.from_numpy(np.ascontiguousarray(blocks)), x.shape[1])
+def run_repacked(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tensor, threads: int = 2, bits: int = 8
+                 ) -> torch.Tensor:
+    kind = int(qtype) | (gguf_kernels.ACT16 if bits == 16 else 0)
+    packed = gguf_kernels.repack(kind, torch.from_numpy(np.ascontiguousarray(blocks)), x.shape[1])
     assert packed is not None
     out = torch.empty(x.shape[0], blocks.shape[0])
     gguf_kernels.gemm(packed[0], packed[1], x, out, threads)
@@ -152,23 +154,23 @@ def run_repacked(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tenso
 
 
 @pytest.mark.parametrize("impl", VECTOR_SETS)
-@pytest.mark.parametrize("qtype", REPACKED, ids=lambda t: t.name)
-def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype, impl):
-    """Formats repacked 8 output rows at a time (the vector sets): same checks as the file's
-    layout, with a last group of 5 rows (37 = 4 x 8 + 5), and tiles of 6 (AVX2) or 8 (VNNI) rows
-    plus a remainder."""
+@pytest.mark.parametrize("qtype, bits", REPACKED, ids=[f"{t.name}x{bits}" for t, bits in REPACKED])
+def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype, bits, impl):
+    """Formats repacked 8 output rows at a time (the vector sets; Q8_0 also with 16-bit
+    activations): same checks as the file's layout, with a last group of 5 rows (37 = 4 x 8 + 5),
+    and tiles of 5, 6 or 8 rows plus a remainder."""
     use_kernel_set(impl)
     n, k = 37, 768
     blocks = blocks_for(qtype, n, k, seed=9)
     x = activations(16, k, seed=4)
     weight = quants.dequantize(blocks, qtype).astype(np.float64)
-    xq = quantize_rows(x.numpy(), 32)
-    full = run_repacked(qtype, blocks, x)
+    xq = quantize_rows(x.numpy(), 32, bits)
+    full = run_repacked(qtype, blocks, x, bits=bits)
     assert np.all(np.abs(full.double().numpy() - xq @ weight.T) <= 1e-5 * (np.abs(xq) @ np.abs(weight).T) + 1e-30)
-    assert torch.equal(run_repacked(qtype, blocks, x, threads=1), full)
-    for m in (1, 5, 7):
+    assert torch.equal(run_repacked(qtype, blocks, x, threads=1, bits=bits), full)
+    for m in (1, 3, 5, 7, 9):
         for start in range(0, 16 - m + 1, 3):
-            assert torch.equal(run_repacked(qtype, blocks, x[start:start + m]), full[start:start + m]), (m, start)
+            assert torch.equal(run_repacked(qtype, blocks, x[start:start + m], bits=bits), full[start:start + m]), (m, start)
     threads = torch.get_num_threads()  # the repacking splits its groups of 8 rows over threads
     try:
         torch.set_num_threads(1)

@@ -155,15 +155,20 @@ static void run_part(const void *job, int part) {
     }
 }
 
-/* The repacked layout this library multiplies for `type` with the active kernels: SD_X8 | type,
- * or 0 when it multiplies the file's own layout only. */
+/* The repacked layout this library multiplies for `type` (with SD_ACT16 or not) with the active
+ * kernels: SD_X8 | type, or 0 when it multiplies the file's own layout only. */
 int sd_gguf_x8_type(int type) {
-    const int repacked = type == T_Q4_K || type == T_Q6_K || type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0;
+    const int base = type & 0xff, act16 = type & SD_ACT16;
+    if (type & ~(0xff | SD_ACT16)) return 0;
+    const int repacked = act16 ? base == T_Q8_0
+                               : base == T_Q4_K || base == T_Q6_K || base == T_Q4_0 || base == T_Q5_0 || base == T_Q8_0;
     return !sd_use_scalar() && repacked ? (SD_X8 | type) : 0;
 }
 
-/* Bytes of the repacked layout of n rows of k values (0: none for this type and k). */
+/* Bytes of the repacked layout of n rows of k values (0: none for this type and k); the layout
+ * does not depend on the activations (SD_ACT16). */
 int64_t sd_gguf_x8_size(int type, int64_t n, int64_t k) {
+    type &= 0xff;
     return type == T_Q4_K ? sd_gguf_x8_bytes(type, n, k)
          : type == T_Q6_K ? sd_gguf_x8_q6k_bytes(n, k) : sd_gguf_x8_32_bytes(type, n, k);
 }
@@ -186,6 +191,7 @@ static void repack_part(const void *job, int part) {
  * threads (a model's repacking was ~6 s of a default pair's start on one thread). 0, or -1 when
  * there is no such layout. */
 int sd_gguf_x8_repack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_t *dst, int threads) {
+    type &= 0xff;
     if (!sd_gguf_x8_size(type, n, k)) return -1;
     repack_t j = {type == T_Q4_K ? sd_gguf_x8_pack : type == T_Q6_K ? sd_gguf_x8_q6k_pack : sd_gguf_x8_32_pack,
                   type, threads < 1 ? 1 : threads, raw, n, k, dst};
@@ -199,14 +205,16 @@ int sd_gguf_x8_repack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_
 int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
                  float *out, int64_t ldo, int threads) {
     group_fn group = NULL;
+    const int act16 = type & SD_ACT16;
     if (type & SD_X8) {
-        if (sd_gguf_x8_type(type & 0xff) != type || !sd_gguf_x8_size(type & 0xff, n, k)) return -EINVAL;
-        type &= 0xff;
+        if (sd_gguf_x8_type(type & ~SD_X8) != type || !sd_gguf_x8_size(type, n, k)) return -EINVAL;
+        type &= ~SD_X8;
 #if defined(__x86_64__) || defined(__i386__)
-        group = sd_kernel_impl() == SD_IMPL_VNNI ? sd_vnni_x8_group(type) : sd_avx2_x8_group(type);
+        const int vnni = sd_kernel_impl() == SD_IMPL_VNNI, base = type & 0xff;
+        group = act16 ? (vnni ? sd_vnni_act16_group(base) : sd_avx2_act16_group(base))
+                      : (vnni ? sd_vnni_x8_group(base) : sd_avx2_x8_group(base));
 #endif
     }
-    const int act16 = type & SD_ACT16; /* never with SD_X8: refused above */
     const int64_t row_bytes = sd_gguf_row_bytes(type & 0xff, k);
     const tile_fn tile = row_bytes ? select_tile(type) : NULL;
     if (!tile || m < 0 || n < 0) return -EINVAL;

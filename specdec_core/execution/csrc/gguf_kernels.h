@@ -56,7 +56,7 @@ void sd_q4k_scale_min(const uint8_t *scales, uint8_t *sc, uint8_t *mn);
 typedef void (*group_fn)(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out,
                          size_t ldo, int ncols);
 #define SD_X8 0x100 /* type flag: the weight is repacked 8 columns at a time (gguf_x8.c) */
-/* type flag: the activations are quantized to 16 bits, not 8 (Q8_0 only; gguf_q8_0_act16.c) */
+/* type flag: the activations are quantized to 16 bits, not 8 (Q8_0 only, either layout; gguf_q8_0_act16.c) */
 #define SD_ACT16 0x200
 
 /* The repacked layouts: their sizes (0: not for this type and k), and the packing of the groups of
@@ -127,6 +127,9 @@ tile_fn sd_vnni_act16_tile(int type);
 /* The repacked formats' tiles of each vector set (gguf_x8_tiles.h); NULL for other types. */
 group_fn sd_avx2_x8_group(int type);
 group_fn sd_vnni_x8_group(int type);
+/* ... and Q8_0's with 16-bit activations (gguf_q8_0_act16_tile.h) */
+group_fn sd_avx2_act16_group(int type);
+group_fn sd_vnni_act16_group(int type);
 #endif
 
 #endif

@@ -11,9 +11,14 @@
  * activations; float32 activations made each extra row of a 5-row call cost ~5x more (an FMA per
  * weight and row).
  *
+ * The vector sets multiply the repacked layout of the 8-bit formats (gguf_x8_32.c), 8 columns a
+ * register (the group tiles at the end of gguf_q8_0_act16_tile.h); the file's layout, one column
+ * at a time, is left to the portable set: one float step per block for 8 columns instead of one
+ * a column, which made multi-row steps markedly cheaper (docs/execution-measurements.md).
+ *
  * Batch invariance as everywhere: a row is quantized on its own, its integer block sums are
- * exact, and its float steps (one FMA per block, a horizontal sum at the end) are the same
- * instructions whatever the number of rows in the call. */
+ * exact, and its float steps (one FMA per block, a horizontal sum at the end; repacked: one FMA
+ * per block for 8 columns) are the same instructions whatever the number of rows in the call. */
 #include "gguf_kernels.h"
 
 static void portable_q8_0_a16(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out,
@@ -43,7 +48,9 @@ tile_fn sd_scalar_act16_tile(int type) { return type == T_Q8_0 ? portable_q8_0_a
 /* int16 x int16 pairs summed in int32 (vpmaddwd), then added */
 #define dot16_first(w, a) _mm256_madd_epi16(w, a)
 #define dot16(acc, w, a) _mm256_add_epi32(acc, _mm256_madd_epi16(w, a))
+#define ACT16_X8_ROWS 5 /* 3 registers a row of the 16: a 5-row verify in one pass, some spilled */
 #define ACT16_TILE_FN sd_avx2_act16_tile
+#define ACT16_GROUP_FN sd_avx2_act16_group
 #include "gguf_q8_0_act16_tile.h"
 #pragma GCC pop_options
 #endif

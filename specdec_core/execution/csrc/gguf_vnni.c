@@ -33,6 +33,8 @@
 
 #define dot16_first(w, a) _mm256_dpwssd_epi32(_mm256_setzero_si256(), w, a)
 #define dot16(acc, w, a) _mm256_dpwssd_epi32(acc, w, a)
+#define ACT16_X8_ROWS 8 /* 3 registers a row of the 32 */
 #define ACT16_TILE_FN sd_vnni_act16_tile
+#define ACT16_GROUP_FN sd_vnni_act16_group
 #include "gguf_q8_0_act16_tile.h"
 #endif

@@ -11,6 +11,8 @@
 /* The signature of a tile of R rows of one 8-column group (the kernels instantiate R = 1..6). */
 #define X8_ARGS const uint8_t *w, int nb, const uint8_t *act, size_t stride, float *out, size_t ldo, int ncols
 
+#define ROLLED _Pragma("GCC unroll 1") /* unrolled, gcc computes every product first and spills them */
+
 /* 4 bytes broadcast to every 32-bit lane (4 activation values against 8 columns' weights). */
 INLINE __m256i bcast4(const void *p) {
     int32_t v;

@@ -26,7 +26,6 @@
 #include "gguf_x8_common.h"
 #include "gguf_x8_layouts.h"
 
-#define ROLLED _Pragma("GCC unroll 1") /* unrolled, gcc computes every product first and spills them */
 
 /* --- Q4_K (gguf_x8.c): within a 32-value sub-block the 8 steps sum to at most |8 x 2 x 15 x 127|
  * = 30480 in int16; dot_apply applies the 8 columns' sub-block scales, one FMA the sub-block's
