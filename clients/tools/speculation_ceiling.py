@@ -11,11 +11,13 @@ give: whether a goal is out of reach for the policy (it guesses acceptance) or f
    the agentic sessions re-send their real earlier answers; the chat and code_edit prompts of
    ``prompts.json``), or loaded from an earlier ``--save``.
 2. Each output is replayed as a greedy speculative run would see it, one verify pass at a time:
-   - ``policy``: the engine's ``SpeculationPolicy`` chooses the source and k from the request's
-     acceptance history and the cost table, the real ``NgramProposer``/``SuffixProposer`` propose
-     (the global suffix trie fed by the requests finished before), the pass keeps the drafts'
-     longest prefix that equals the real output plus the target's own token, and the request
-     learns from it as the engine's commit makes it (``Request.learn``: every lookup scored);
+   - ``policy``: the engine's ``SpeculationPolicy`` chooses the source and k from the lookups'
+     evidence and the cost table, the real ``NgramProposer``/``SuffixProposer`` propose
+     (the global suffix trie fed by the requests finished before; suffix token trees as the
+     server's default, ``--no-trees`` for chains), the pass keeps the drafts' longest path
+     that equals the real output plus the target's own token, and the request and the
+     policy's calibration learn from it as the engine's commit makes them (``Request.learn``,
+     ``SpeculationPolicy.learn``: every lookup scored);
      ``--concurrency N`` replays N requests in one step each pass, as the server batches them;
    - ``oracle``: for each lookup's proposal the number the target would accept is known, and the
      pass takes the source and k that commit the most tokens per second of the pass.
@@ -55,6 +57,7 @@ from specdec_core.engine.request import Request  # noqa: E402
 from specdec_core.speculation import acceptance  # noqa: E402
 from specdec_core.speculation.acceptance import Source, kept_prefix  # noqa: E402
 from specdec_core.speculation.cost_table import CostTable  # noqa: E402
+from specdec_core.speculation.draft_tree import DraftTree  # noqa: E402
 from specdec_core.speculation.ngram import NgramProposer  # noqa: E402
 from specdec_core.speculation.policy import LookupProposer, SpeculationPolicy  # noqa: E402
 from specdec_core.speculation.scheduled_request import ScheduledRequest  # noqa: E402
@@ -110,13 +113,13 @@ class Chooser:
         self.policy = SpeculationPolicy(method, costs, adaptive=True, max_model_len=MAX_MODEL_LEN, lookups=lookups,
                                         has_draft=False)
 
-    def choose(self, running: list[tuple[Request, list[int]]]) -> list[tuple[ScheduledRequest, list[int]]]:
+    def choose(self, running: list[tuple[Request, list[int]]]) -> list[tuple[ScheduledRequest, DraftTree]]:
         """``running``: each request with the rest of its real output. The items carry what the
         policy looked up (``lookups``), which the request learns from as in the engine."""
         items = [ScheduledRequest(req, 1) for req, _ in running]
         self.policy.plan(items)
-        return [(it, self.lookups[it.source].lookup_tree(it.request, it.num_drafts).tokens
-                 if it.num_drafts and it.source is not None else []) for it in items]
+        return [(it, self.lookups[it.source].lookup_tree(it.request, it.num_drafts)
+                 if it.num_drafts and it.source is not None else DraftTree([])) for it in items]
 
 
 class Oracle(Chooser):
@@ -124,7 +127,7 @@ class Oracle(Chooser):
     pays most per second (fewer where a row costs more than its token saves). One stream only:
     with several, the best k of one request depends on everyone else's."""
 
-    def choose(self, running: list[tuple[Request, list[int]]]) -> list[tuple[ScheduledRequest, list[int]]]:
+    def choose(self, running: list[tuple[Request, list[int]]]) -> list[tuple[ScheduledRequest, DraftTree]]:
         if len(running) != 1:
             raise ValueError("the oracle replays one stream at a time")
         req, truth = running[0]
@@ -136,25 +139,37 @@ class Oracle(Chooser):
                 rate = (k + 1) / self._cost(k + 1, context)
                 if rate > best[0]:
                     best = (rate, source, drafts[:k])
-        return [(ScheduledRequest(req, 1, len(best[2]), best[1]), best[2])]
+        return [(ScheduledRequest(req, 1, len(best[2]), best[1]), DraftTree.chain(best[2]))]
 
     def _cost(self, rows: int, context: int) -> float:
         return self.costs.target(rows, frozen=True, context_tokens=rows * context)
 
 
 def replay(requests: list[tuple[list[int], list[int]]], method: str, costs: StepCostModel, cap: int,
-           oracle: bool, concurrency: int = 1) -> Replay:
+           oracle: bool, concurrency: int = 1, trees: bool = False) -> Replay:
     """The requests in order, ``concurrency`` at a time (a new one starts as one finishes), one
     verify pass each per step as the engine commits them. Speculation off's seconds are the same
-    replay with method ``none``."""
-    result = _run(requests, method, costs, cap, oracle, concurrency)
-    result.off_seconds = _run(requests, "none", costs, cap, False, concurrency).seconds
+    replay with method ``none``. ``trees``: the policy's suffix lookups propose token trees, as
+    the server's do by default (``--suffix-trees``); the oracle's are chains."""
+    result = _run(requests, method, costs, cap, oracle, concurrency, trees and not oracle)
+    result.off_seconds = _run(requests, "none", costs, cap, False, concurrency, False).seconds
     return result
 
 
+def kept_path(tree: DraftTree, truth: list[int]) -> int:
+    """How many drafts a greedy verification of ``tree`` against ``truth`` keeps: the depth of
+    its deepest node whose path is truth's first tokens (a chain: ``kept_prefix``)."""
+    depth: list[int] = []
+    matched: list[bool] = []
+    for token, parent in zip(tree.tokens, tree.parents):
+        depth.append(depth[parent] + 1 if parent >= 0 else 1)
+        matched.append((parent < 0 or matched[parent]) and depth[-1] <= len(truth) and truth[depth[-1] - 1] == token)
+    return max((d for d, m in zip(depth, matched) if m), default=0)
+
+
 def _run(requests: list[tuple[list[int], list[int]]], method: str, costs: StepCostModel, cap: int,
-         oracle: bool, concurrency: int) -> Replay:
-    ngram, suffix = NgramProposer(*NGRAM_N), SuffixProposer(SUFFIX_DEPTH, SUFFIX_CACHE_TOKENS)
+         oracle: bool, concurrency: int, trees: bool) -> Replay:
+    ngram, suffix = NgramProposer(*NGRAM_N), SuffixProposer(SUFFIX_DEPTH, SUFFIX_CACHE_TOKENS, trees)
     lookups: dict[Source, LookupProposer] = {s: p for s, p in (("ngram", ngram), ("suffix", suffix))
                                              if method in (s, "auto")}
     chooser = (Oracle if oracle else Chooser)(method, costs, lookups, cap)
@@ -175,9 +190,10 @@ def _run(requests: list[tuple[list[int], list[int]]], method: str, costs: StepCo
             (1 + len(drafts)) * it.request.num_computed for it, drafts in passes))
         for (req, out), (it, drafts) in zip(running, passes):
             truth = out[len(req.output_ids):]
-            kept = kept_prefix(drafts, truth)
+            kept = kept_path(drafts, truth)
             new = truth[:kept + 1]
             req.learn(it.source, kept, len(drafts), it.lookups, new)
+            chooser.policy.learn(it, new)
             req.num_computed += len(new)
             req.all_ids += new
             req.output_ids += new
@@ -249,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--caps", default="4,8,12", help="most drafts a pass verifies (the server's k)")
     p.add_argument("--methods", default="ngram,suffix,auto")
     p.add_argument("--concurrency", type=int, default=1, help="requests replayed together (the oracle: 1 only)")
+    p.add_argument("--trees", action=argparse.BooleanOptionalAction, default=True,
+                   help="the policy's suffix lookups propose token trees, as the server's do by default")
     p.add_argument("--confidence-z", type=float, default=acceptance.CONFIDENCE_Z,
                    help="the policy's lower bound on lookup acceptance, in standard errors (0: the mean)")
     args = p.parse_args(argv)
@@ -266,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind, requests in data.items():
         for cap in (int(c) for c in args.caps.split(",")):
             for method in args.methods.split(","):
-                pol = replay(requests, method, costs, cap, False, args.concurrency)
+                pol = replay(requests, method, costs, cap, False, args.concurrency, args.trees)
                 orc = replay(requests, method, costs, cap, True) if args.concurrency == 1 else None
                 o_speedup, o_tokens = (f"{orc.speedup:.2f}x", f"{orc.tokens / orc.passes:.2f}") if orc else ("-", "-")
                 print(f"| {kind} | {cap} | {method} | {pol.speedup:.2f}x | {o_speedup} | {pol.tokens / pol.passes:.2f} | "

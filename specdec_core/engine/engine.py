@@ -309,6 +309,7 @@ class Engine:
                 logits: torch.Tensor) -> RequestOutput | None:
         req, source, new = it.request, it.source, drafts[:accepted] + [final]
         req.learn(source, accepted, len(drafts), it.lookups, new)
+        self.policy.learn(it, new)
         req.num_computed += accepted
         complete = False
         if req.grammar is not None:

@@ -2,12 +2,16 @@
 per-request acceptance estimate, what a request learns of each proposer (``AcceptanceLearning``, a
 base of the engine's ``Request``) and the expected tokens of one verify pass. Acceptance learning
 lives here, in speculation, beside the policy that acts on it; the module imports nothing of the
-project, so the policy and the engine's request both read it without importing each other."""
+project but a type, so the policy and the engine's request both read it without importing each other."""
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from specdec_core.speculation.draft_tree import DraftTree
 
 Source = Literal["draft", "ngram", "suffix"]
 LOOKUP_SOURCES: tuple[Source, ...] = ("ngram", "suffix")  # proposers that run no model: one-hot q
@@ -90,7 +94,7 @@ class AcceptanceLearning:
         estimate = self.acceptance[source]
         return estimate.confident if source in LOOKUP_SOURCES else estimate.alpha
 
-    def learn(self, source: Source | None, accepted: int, proposed: int, lookups: dict[Source, list[int]],
+    def learn(self, source: Source | None, accepted: int, proposed: int, lookups: Mapping[Source, DraftTree],
               committed: list[int]) -> None:
         """One verify pass that committed ``committed`` (the target's tokens, before any stop cut).
         The draft model learns from the drafts it verified (``accepted`` of ``proposed``); every
@@ -102,7 +106,7 @@ class AcceptanceLearning:
         if source == "draft" and proposed:
             self.acceptance["draft"].update(accepted, proposed)
         for lookup, proposal in lookups.items():
-            self.acceptance[lookup].score(proposal, committed)
+            self.acceptance[lookup].score(proposal.first_chain, committed)
 
 
 def kept_prefix(drafts: list[int], truth: list[int]) -> int:

@@ -13,26 +13,47 @@ tree whose node j has parent j - 1, and it is verified and scored exactly as bef
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class TokenEvidence(NamedTuple):
+    """What a lookup knew of one node when it proposed it: a ``key`` naming the kind of evidence
+    (the n-gram's length, the suffix match's length and count ratio, the node's depth), under
+    which ``lookup_calibration`` counts how often such nodes were kept, and the lookup's own
+    estimate of that chance (``prior``), trusted until the counts say otherwise."""
+
+    key: Hashable
+    prior: float
 
 
 @dataclass(frozen=True)
 class DraftTree:
     """``tokens[j]`` follows node ``parents[j]`` (-1: the request's last token). Siblings carry
-    distinct tokens (at most one of them can be the target's choice)."""
+    distinct tokens (at most one of them can be the target's choice). ``evidence``: one per node
+    where the proposer gives it (lookups do), else empty."""
 
     tokens: list[int]
     parents: list[int] = field(default_factory=list)
+    evidence: tuple[TokenEvidence, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.parents:
             object.__setattr__(self, "parents", list(range(-1, len(self.tokens) - 1)))
         if len(self.parents) != len(self.tokens) or any(not -1 <= p < j for j, p in enumerate(self.parents)):
             raise ValueError("a draft tree's parents must precede their children")
+        if self.evidence and len(self.evidence) != len(self.tokens):
+            raise ValueError("a draft tree's evidence must have one entry per node")
 
     @staticmethod
-    def chain(tokens: list[int]) -> "DraftTree":
-        return DraftTree(list(tokens))
+    def chain(tokens: list[int], evidence: tuple[TokenEvidence, ...] = ()) -> "DraftTree":
+        return DraftTree(list(tokens), evidence=tuple(evidence))
+
+    def first(self, n: int) -> "DraftTree":
+        """The first ``n`` nodes (a chain's first ``n`` tokens; in a tree, each node's parent
+        precedes it, so any prefix is a tree)."""
+        return DraftTree(self.tokens[:n], self.parents[:n], self.evidence[:n])
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -41,6 +62,11 @@ class DraftTree:
     def chain_length(self) -> int:
         """How many first nodes form a chain (node j's parent j - 1): the linear proposal in it."""
         return next((j for j, p in enumerate(self.parents) if p != j - 1), len(self.parents))
+
+    @property
+    def first_chain(self) -> list[int]:
+        """The tokens of the chain the tree starts with (``chain_length`` of them)."""
+        return self.tokens[:self.chain_length]
 
     @property
     def is_chain(self) -> bool:

@@ -1,13 +1,19 @@
 """N-gram prompt lookup: drafts copied from where the request's own text repeated its last tokens.
 
 No model runs, so a lookup costs only verification rows; its q is one-hot on the looked-up tokens.
+Each drafted token carries its evidence (``TokenEvidence``): the matched n-gram's length and the
+token's place in the draft, which ``lookup_calibration`` prices (a 4-token match is kept about
+three times as often as a 1-token one).
 """
 
 from __future__ import annotations
 
-from specdec_core.speculation.draft_tree import DraftTree
+from specdec_core.speculation.acceptance import PRIOR
+from specdec_core.speculation.draft_tree import DraftTree, TokenEvidence
 from specdec_core.speculation.ngram_index import NgramIndex
 from specdec_core.speculation.scheduled_request import SpeculatingRequest
+
+DEEPEST = 4  # drafts from the fifth on share one evidence key
 
 
 class NgramProposer:
@@ -22,15 +28,17 @@ class NgramProposer:
 
     @staticmethod
     def lookup(req: SpeculatingRequest, k: int) -> list[int]:
-        """Up to ``k`` looked-up tokens, cut where the request's grammar (if any) would reject
-        them: a draft the target can never accept only costs verification rows. The same text
-        and ``k`` give the same tokens, so the policy may ask for the cap and the proposal for
-        the chosen k."""
-        tokens = req.ngram.lookup(req.all_ids, k) if req.ngram else []
+        """Up to ``k`` looked-up tokens (``lookup_tree``'s)."""
+        return NgramProposer.lookup_tree(req, k).tokens
+
+    @staticmethod
+    def lookup_tree(req: SpeculatingRequest, k: int) -> DraftTree:
+        """The lookup as a chain (a request's own text offers one continuation per match), cut
+        where the request's grammar (if any) would reject it: a draft the target can never
+        accept only costs verification rows. The same text and ``k`` give the same tokens, so
+        the policy may ask for the cap and the proposal for the chosen k."""
+        tokens, n = req.ngram.match(req.all_ids, k) if req.ngram else ([], 0)
         if tokens and req.grammar is not None:
             tokens = tokens[: req.grammar.valid_prefix(tokens)]
-        return tokens
-
-    def lookup_tree(self, req: SpeculatingRequest, k: int) -> DraftTree:
-        """The lookup as a chain: a request's own text offers one continuation per match."""
-        return DraftTree.chain(self.lookup(req, k))
+        return DraftTree.chain(tokens, tuple(TokenEvidence(("ngram", n, min(j, DEEPEST)), PRIOR["ngram"])
+                                             for j in range(len(tokens))))

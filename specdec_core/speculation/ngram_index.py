@@ -18,8 +18,13 @@ class NgramIndex:
         self._indexed = 0  # n-grams ending before this position are in the index
 
     def lookup(self, ids: list[int], k: int) -> list[int]:
+        return self.match(ids, k)[0]
+
+    def match(self, ids: list[int], k: int) -> tuple[list[int], int]:
+        """Up to ``k`` tokens that followed the most recent earlier occurrence of the longest
+        matched suffix, and that suffix's length (0: no match)."""
         if k <= 0:
-            return []
+            return [], 0
         # Register n-grams ending at positions up to len - 2: each has a follower, and the
         # request's own suffix (ending at len - 1) is not matched against itself.
         for end in range(self._indexed, len(ids) - 1):
@@ -29,5 +34,5 @@ class NgramIndex:
         for n in range(min(self.max_n, len(ids) - 1), self.min_n - 1, -1):
             start = self._follower.get(tuple(ids[len(ids) - n:]))
             if start is not None:
-                return ids[start:start + k]
-        return []
+                return ids[start:start + k], n
+        return [], 0

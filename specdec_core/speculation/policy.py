@@ -1,7 +1,9 @@
 """How much to speculate this step: per request, which proposer and how many drafts (maybe none).
 
-The model. A request that verifies k drafts with per-token acceptance alpha commits on average
-``E(alpha, k) = 1 + alpha + ... + alpha^k`` tokens. A decode step of requests with drafts ``k_i``
+The model. A request that verifies k drafts commits on average ``E(k)`` tokens: for the draft
+model, with per-token acceptance alpha, ``1 + alpha + ... + alpha^k``; for a lookup, the target's
+token plus each draft's chance of being kept, from the evidence the lookup found for it
+(``lookup_calibration``: a 4-token n-gram match is not a 1-token one). A decode step of requests with drafts ``k_i``
 costs ``target(sum(1 + k_i)) + sum_j draft(#requests drafting a j-th token)`` (n-gram and suffix
 lookups cost no draft forward), from the measured ``StepCostModel``, every row priced with its
 request's cached tokens (at 2K tokens a row of the 1.5B costs ~6 ms more here than at the
@@ -23,6 +25,7 @@ from typing import Protocol
 
 from specdec_core.speculation.acceptance import Source, expected_tokens
 from specdec_core.speculation.draft_tree import DraftTree
+from specdec_core.speculation.lookup_calibration import LookupCalibration
 from specdec_core.speculation.scheduled_request import ScheduledItems, ScheduledRequest, SpeculatingRequest
 from specdec_core.speculation.step_costs import StepCostModel
 
@@ -40,12 +43,18 @@ PROBE_INTERVAL = 32  # a draft model that never pays drafts one token every this
 
 @dataclass
 class _Choice:
+    """One request's option: its source, and ``expected[k]``, the tokens a pass verifying k of
+    its drafts commits on average, for k up to its cap."""
+
     item: ScheduledRequest[SpeculatingRequest]
     source: Source
-    alpha: float
-    cap: int
+    expected: list[float]
     k: int = 0
     fixed: bool = False
+
+    @property
+    def cap(self) -> int:
+        return len(self.expected) - 1
 
     @property
     def context(self) -> int:
@@ -61,12 +70,12 @@ class _Choice:
     @property
     def catch_up_rows(self) -> float:
         """The catch-up's share charged to this step. It serves every later step that drafts, so
-        it is spread over the steps the request has left (its remaining tokens at E(alpha, cap)
+        it is spread over the steps the request has left (its remaining tokens at E(cap)
         per step); charging it whole to one step would keep a request that fell behind in a full
         batch from ever drafting again once it runs alone."""
         r = self.item.request
         remaining = max(r.params.max_tokens - len(r.output_ids), 1)
-        return self.lag * min(1.0, expected_tokens(self.alpha, self.cap) / remaining)
+        return self.lag * min(1.0, self.expected[self.cap] / remaining)
 
 
 class SpeculationPolicy:
@@ -83,6 +92,13 @@ class SpeculationPolicy:
         self.adaptive = adaptive
         self.max_model_len = max_model_len
         self.lookups = lookups
+        self.calibration = LookupCalibration()  # fed by the commit (``learn``)
+
+    def learn(self, item: ScheduledRequest[SpeculatingRequest], committed: list[int]) -> None:
+        """What one verify pass teaches the lookups' calibration: each lookup made for ``item``,
+        chosen or not, against the tokens the pass ``committed`` (the request's own estimates
+        learn from the same pass, in ``Request.learn``)."""
+        self.calibration.score_all(item.lookups.values(), committed)
 
     def plan(self, items: ScheduledItems) -> None:
         filling = self.adaptive and any(it.request.in_prefill for it in items)
@@ -123,10 +139,9 @@ class SpeculationPolicy:
                 continue
             # A completing item has every known token, so the lookup sees the full text.
             tree = proposer.lookup_tree(req, cap)
-            found = len(tree)
-            if found:
-                item.lookups[source] = tree.tokens[:tree.chain_length]
-                options.append(_Choice(item, source, req.alpha(source), found))
+            if len(tree):
+                item.lookups[source] = tree
+                options.append(_Choice(item, source, self._lookup_expected(req, source, tree)))
         # The draft model never starts on a request (its cache empty: one forward over all its
         # tokens) in a step that prefills a prompt. Requests come in bursts (a client's concurrent
         # calls, an agent's parallel tool calls): the first of a burst is prefilled alone and
@@ -137,29 +152,36 @@ class SpeculationPolicy:
         # a request that really runs alone gives up one or two steps' drafts.
         if (self.method in ("draft", "auto") and self.has_draft
                 and not (filling and req.draft_computed == 0)):
-            options.append(_Choice(item, "draft", req.alpha("draft"), cap))
+            options.append(_Choice(item, "draft", _geometric(req.alpha("draft"), cap)))
         if len(options) <= 1:
             return options[0] if options else None
         # auto with a match: the proposer that pays more for this request alone
-        return max(options, key=lambda c: self._solo_value(c.source, c.alpha, c.cap, c.context))
+        return max(options, key=lambda c: self._solo_value(c.source, c.expected, c.context))
+
+    def _lookup_expected(self, req: SpeculatingRequest, source: Source, tree: DraftTree) -> list[float]:
+        """``E(k)`` of a lookup: from its evidence, priced by the calibration; for a seeded
+        request (whose k must not depend on other requests, ``solo_k``) or a lookup without
+        evidence, from the request's own acceptance of the source."""
+        if req.seeded or not tree.evidence:
+            return _geometric(req.alpha(source), len(tree))
+        return self.calibration.expected(tree)
 
     def solo_k(self, c: _Choice) -> int:
         """k from the request's own history and the start-up costs: independent of the batch."""
-        k = self._solo_best(c.source, c.alpha, c.cap, c.context)
+        k = self._solo_best(c.source, c.expected, c.context)
         if k == 0 and self._probe_due(c):
             return 1
         return k
 
-    def _solo_value(self, source: Source, alpha: float, cap: int, context: int) -> float:
-        return self._solo_rate(source, alpha, self._solo_best(source, alpha, cap, context), context)
+    def _solo_value(self, source: Source, expected: list[float], context: int) -> float:
+        return self._solo_rate(source, expected, self._solo_best(source, expected, context), context)
 
-    def _solo_best(self, source: Source, alpha: float, cap: int, context: int) -> int:
-        return max(range(cap + 1), key=lambda k: self._solo_rate(source, alpha, k, context))
+    def _solo_best(self, source: Source, expected: list[float], context: int) -> int:
+        return max(range(len(expected)), key=lambda k: self._solo_rate(source, expected, k, context))
 
-    def _solo_rate(self, source: Source, alpha: float, k: int, context: int) -> float:
+    def _solo_rate(self, source: Source, expected: list[float], k: int, context: int) -> float:
         draft = k * self.costs.draft(1, frozen=True, context_tokens=context) if source == "draft" else 0.0
-        return expected_tokens(alpha, k) / (self.costs.target(1 + k, frozen=True, context_tokens=(1 + k) * context)
-                                            + draft)
+        return expected[k] / (self.costs.target(1 + k, frozen=True, context_tokens=(1 + k) * context) + draft)
 
     def _probe_due(self, c: _Choice) -> bool:
         """A draft model that does not pay for a request keeps learning: one draft every
@@ -172,7 +194,7 @@ class SpeculationPolicy:
         request's own history, so a seeded request's k stays independent of the batch."""
         return (c.source == "draft" and c.lag == 0
                 and c.item.request.stats.verify_steps % PROBE_INTERVAL == PROBE_INTERVAL - 1
-                and self._solo_best(c.source, c.alpha, c.cap, c.context) == 0)
+                and self._solo_best(c.source, c.expected, c.context) == 0)
 
     # ------------------------------------------------------------------ the batch
 
@@ -209,17 +231,18 @@ class SpeculationPolicy:
 
     def _could_pay(self, choices: list[_Choice], free: list[_Choice], rate: float) -> bool:
         """Whether any drafts for the free choices (all at k = 0 here) could beat ``rate``, by an
-        upper bound: ``extra`` more rows commit at most ``extra * alpha_max`` more tokens and cost
+        upper bound: ``extra`` more rows commit at most ``extra * gain_max`` more tokens (no
+        draft adds more than the likeliest first one, ``expected[1] - 1``) and cost
         at least the target's forward at those rows, each new row at the smallest free context
         (the table never falls with rows or context), and no draft forward. Where it says no, the
         search (~2 ms a step at 16 streams on the CPU, in Python) is skipped: its answer would
         have been all zeros."""
-        alpha_max = max(c.alpha for c in free)
+        gain_max = max(c.expected[1] - 1 for c in free)
         least_context = min(c.context for c in free)
         tokens, rows, context = _verify_totals(choices)
         for extra in range(1, sum(c.cap for c in free) + 1):
             seconds = self.costs.target(rows + extra, context_tokens=context + extra * least_context)
-            if seconds <= 0 or (tokens + extra * alpha_max) / seconds > rate * (1 + 1e-9):
+            if seconds <= 0 or (tokens + extra * gain_max) / seconds > rate * (1 + 1e-9):
                 return True
         return False
 
@@ -238,5 +261,10 @@ class SpeculationPolicy:
 
 def _verify_totals(choices: list[_Choice]) -> tuple[float, int, int]:
     """The step's expected committed tokens, its verified rows and their cached tokens in all."""
-    return (sum(expected_tokens(c.alpha, c.k) for c in choices), sum(1 + c.k for c in choices),
+    return (sum(c.expected[c.k] for c in choices), sum(1 + c.k for c in choices),
             sum((1 + c.k) * c.context for c in choices))
+
+
+def _geometric(alpha: float, cap: int) -> list[float]:
+    """``E(k)`` for k = 0..cap where every draft is kept with ``alpha`` once its parent was."""
+    return [expected_tokens(alpha, k) for k in range(cap + 1)]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Protocol, TypeAlias, TypeVar
 
 from specdec_core.speculation.acceptance import Source
+from specdec_core.speculation.draft_tree import DraftTree
 
 if TYPE_CHECKING:  # types only: the protocol names them, calls nothing in their modules
     import torch
@@ -90,9 +91,9 @@ class ScheduledRequest(Generic[R]):
     num_new: int
     num_drafts: int = 0
     source: Source | None = None
-    # Every lookup the policy made for this request this step, chosen or not (their first
-    # chains): the commit scores each against the tokens it commits (``Request.learn``).
-    lookups: dict[Source, list[int]] = field(default_factory=dict)
+    # Every lookup the policy made for this request this step, chosen or not: the commit scores
+    # each against the tokens it commits (``Request.learn``, ``LookupCalibration.score``).
+    lookups: dict[Source, DraftTree] = field(default_factory=dict)
 
     @property
     def completes(self) -> bool:

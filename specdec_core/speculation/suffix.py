@@ -19,12 +19,21 @@ changes speed only.
 
 from __future__ import annotations
 
-from specdec_core.speculation.draft_tree import DraftTree
+import bisect
+
+from specdec_core.speculation.draft_tree import DraftTree, TokenEvidence
 from specdec_core.speculation.scheduled_request import SpeculatingRequest
 from specdec_core.speculation.suffix_trie import Proposal, SuffixCache, SuffixIndex, SuffixTrie
 
 MIN_TOKEN_PROB = 0.1  # stop a proposal at a token that followed its context less often than this
 SPEC_FACTOR = 1.0  # propose at most this many tokens per token of match (vLLM's max_spec_factor)
+# How a token's evidence is keyed (``lookup_calibration``): its trie, its match's length in steps
+# of 3 (12 and more together), its count ratio's band, the count it was taken of (4 and more
+# together) and its depth (3 and more together). Replayed, each of them moved the chance of a
+# token being kept by tens of points (docs/speculation-measurements.md).
+MATCH_STEP, LONGEST_MATCH = 3, 12
+RATIO_BANDS = (0.3, 0.5, 0.7, 0.9)
+MOST_COUNTED, DEEPEST = 4, 2
 
 
 class SuffixProposer:
@@ -42,44 +51,50 @@ class SuffixProposer:
     def new_index(self) -> SuffixIndex:
         return SuffixIndex(self.depth)
 
-    def proposal(self, req: SpeculatingRequest, k: int) -> Proposal:
-        """The better-scoring of the request's own and (unless seeded) the global proposal for at
-        most ``k`` tokens; the own one on a tie."""
-        if req.suffix is None or k <= 0:
-            return Proposal.none()
-        req.suffix.catch_up(req.all_ids)
-        context = req.all_ids[-self.max_match:]
-        best = req.suffix.trie.propose(context, k, self.max_match, MIN_TOKEN_PROB, SPEC_FACTOR)
-        if not req.seeded and len(self.cache):
-            other = self.cache.trie.propose(context, k, self.max_match, MIN_TOKEN_PROB, SPEC_FACTOR)
-            if other.score > best.score:
-                best = other
-        return best
-
     def lookup(self, req: SpeculatingRequest, k: int) -> list[int]:
-        """Up to ``k`` proposed tokens, cut where the request's grammar (if any) would reject them
-        (as ``NgramProposer.lookup``). A request's own-trie tokens for k are the first k of those
-        for a larger k; which trie wins may change with k, which changes speed only."""
-        tokens = self.proposal(req, k).tokens
-        if tokens and req.grammar is not None:
-            tokens = tokens[: req.grammar.valid_prefix(tokens)]
-        return tokens
+        """Up to ``k`` proposed tokens as a chain (``lookup_tree`` without trees)."""
+        return self._chain(req, k).tokens
 
     def lookup_tree(self, req: SpeculatingRequest, k: int) -> DraftTree:
         """Up to ``k`` drafts as a tree of the likeliest continuations (``SuffixTrie.propose_tree``)
-        where trees are on and the request takes one (``Request.takes_tree``), else ``lookup``'s
-        chain. Own trie against global as in ``proposal``, by the trees' scores."""
+        where trees are on and the request takes one (``Request.takes_tree``), else a chain.
+        Of the request's own trie and (unless seeded) the global one, the proposal that scores
+        higher (expected accepted tokens by the counts); the own one on a tie."""
         if not self.trees or not req.takes_tree or req.suffix is None or k <= 0:
-            return DraftTree.chain(self.lookup(req, k))
-        req.suffix.catch_up(req.all_ids)
+            return self._chain(req, k)
         context = req.all_ids[-self.max_match:]
-        tries: list[SuffixTrie] = [req.suffix.trie] + ([self.cache.trie] if not req.seeded and len(self.cache) else [])
-        best, best_score = DraftTree([]), 0.0
-        for trie in tries:
-            tree, _, score = trie.propose_tree(context, k, self.max_match, MIN_TOKEN_PROB, SPEC_FACTOR)
-            if score > best_score:
-                best, best_score = tree, score
-        return best
+        best, best_trie = Proposal.none(), "own"
+        for name, trie in self._tries(req):
+            proposal = trie.propose_tree(context, k, self.max_match, MIN_TOKEN_PROB, SPEC_FACTOR)
+            if proposal.score > best.score:
+                best, best_trie = proposal, name
+        return _draft_tree(best, best_trie)
+
+    def _chain(self, req: SpeculatingRequest, k: int) -> DraftTree:
+        """The better-scoring chain of the tries (as ``lookup_tree``), cut where the request's
+        grammar (if any) would reject it (as ``NgramProposer.lookup_tree``). A request's
+        own-trie tokens for k are the first k of those for a larger k; which trie wins may
+        change with k, which changes speed only."""
+        if req.suffix is None or k <= 0:
+            return DraftTree([])
+        context = req.all_ids[-self.max_match:]
+        best, best_trie = Proposal.none(), "own"
+        for name, trie in self._tries(req):
+            proposal = trie.propose(context, k, self.max_match, MIN_TOKEN_PROB, SPEC_FACTOR)
+            if name == "own" or proposal.score > best.score:
+                best, best_trie = proposal, name
+        tree = _draft_tree(best, best_trie)
+        if tree.tokens and req.grammar is not None:
+            tree = tree.first(req.grammar.valid_prefix(tree.tokens))
+        return tree
+
+    def _tries(self, req: SpeculatingRequest) -> list[tuple[str, SuffixTrie]]:
+        """The tries a lookup for ``req`` reads, caught up with its text: its own, then the
+        global one unless the request is seeded or the cache empty."""
+        assert req.suffix is not None
+        req.suffix.catch_up(req.all_ids)
+        own: list[tuple[str, SuffixTrie]] = [("own", req.suffix.trie)]
+        return own + ([("global", self.cache.trie)] if not req.seeded and len(self.cache) else [])
 
     def retire(self, req: SpeculatingRequest) -> None:
         """A finished request's output joins the global trie (the oldest outputs leave it when the
@@ -88,3 +103,17 @@ class SuffixProposer:
         benchmark's 'off' arm cannot hand the 'on' arm the very output it is about to write."""
         if req.output_ids and req.max_spec_tokens > 0:
             self.cache.add(req.output_ids)
+
+
+def _draft_tree(proposal: Proposal, trie: str) -> DraftTree:
+    """The proposal as a draft tree, each node with its evidence (keys above; prior: its count
+    ratio)."""
+    depth: list[int] = []
+    evidence = []
+    match = min(proposal.match_len, LONGEST_MATCH) // MATCH_STEP
+    for (ratio, counted), parent in zip(proposal.ratios, proposal.parents or range(-1, len(proposal.tokens) - 1)):
+        depth.append(depth[parent] + 1 if parent >= 0 else 0)
+        key = ("suffix", trie, match, bisect.bisect_right(RATIO_BANDS, ratio), min(counted, MOST_COUNTED),
+               min(depth[-1], DEEPEST))
+        evidence.append(TokenEvidence(key, ratio))
+    return DraftTree(proposal.tokens, list(proposal.parents), tuple(evidence))

@@ -22,19 +22,22 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass
-
-from specdec_core.speculation.draft_tree import DraftTree
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class Proposal:
-    """Tokens proposed after a context, the length of the context's suffix they continue, and
-    their score: the expected number accepted if each token is right with its count ratio."""
+    """Tokens proposed after a context (a chain, or a tree where ``parents`` is given: the
+    nodes in preorder, as ``DraftTree``), the length of the context's suffix they continue, and
+    their score: the expected number accepted if each token is right with its count ratio.
+    ``ratios``: per token, its count ratio and the count it was taken of (how often its
+    parent's text occurred), the evidence the proposer prices it by."""
 
     tokens: list[int]
     match_len: int
     score: float
+    ratios: list[tuple[float, int]] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
 
     @staticmethod
     def none() -> "Proposal":
@@ -172,6 +175,7 @@ class SuffixTrie:
         count, kids = self._count, self._kids
         limit = min(k, math.ceil(spec_factor * m))
         tokens: list[int] = []
+        ratios: list[tuple[float, int]] = []
         prob, score = 1.0, 0.0
         below = kids[node]
         while len(tokens) < limit and below:
@@ -182,25 +186,26 @@ class SuffixTrie:
             prob *= p
             score += prob
             tokens.append(token)
+            ratios.append((p, count[node]))
             node, below = child, kids[child]
-        return Proposal(tokens, m, score)
+        return Proposal(tokens, m, score, ratios)
 
     def propose_tree(self, context: list[int], k: int, max_match: int, min_prob: float,
-                     spec_factor: float) -> tuple[DraftTree, int, float]:
+                     spec_factor: float) -> Proposal:
         """The ``k`` likeliest continuations of the longest match as one tree: nodes are taken
         best-first by path probability (the product of the count ratios from the match), each
         child at least ``min_prob`` of its parent's count, no deeper than
-        ``ceil(spec_factor x match length)``; returns the tree, the match length and its score
-        (the sum of the nodes' path probabilities: the expected tokens accepted). Where the trie
-        does not branch this is ``propose``'s chain; where it does, the same number of nodes is
-        worth more (a parent is always taken before its children, the likelier sibling first)."""
+        ``ceil(spec_factor x match length)``; its score is the sum of the nodes' path
+        probabilities (the expected tokens accepted). Where the trie does not branch this is
+        ``propose``'s chain; where it does, the same number of nodes is worth more (a parent is
+        always taken before its children, the likelier sibling first)."""
         m, node = self.longest_match(context, max_match)
         if node is None or k <= 0:
-            return DraftTree([]), 0, 0.0
+            return Proposal.none()
         count, kids = self._count, self._kids
         limit = math.ceil(spec_factor * m)
         order = 0  # a total order on ties, so a lookup is a function of the counts
-        heap: list[tuple[float, int, int, int, int]] = []
+        heap: list[tuple[float, int, int, int, int, tuple[float, int]]] = []
 
         def push(parent_node: int, parent: int, prob: float, depth: int) -> None:
             nonlocal order
@@ -211,38 +216,42 @@ class SuffixTrie:
                 p = count[child] / count[parent_node]
                 if p < min_prob:
                     break
-                heapq.heappush(heap, (-prob * p, order, parent, token, child))
+                heapq.heappush(heap, (-prob * p, order, parent, token, child, (p, count[parent_node])))
                 order += 1
 
         depth_of: list[int] = []
-        picked: list[tuple[int, int, int]] = []  # (parent, token, order) in the order taken
+        picked: list[tuple[int, int, int, tuple[float, int]]] = []  # (parent, token, order, ratio) as taken
         score = 0.0
         push(node, -1, 1.0, 0)
         while heap and len(picked) < k:
-            neg, rank, parent, token, child = heapq.heappop(heap)
-            picked.append((parent, token, rank))
+            neg, rank, parent, token, child, ratio = heapq.heappop(heap)
+            picked.append((parent, token, rank, ratio))
             depth_of.append(1 + (depth_of[parent] if parent >= 0 else 0))
             score -= neg
             push(child, len(picked) - 1, -neg, depth_of[-1])
-        return _preorder(picked), m, score
+        tokens, parents, ratios = _preorder(picked)
+        return Proposal(tokens, m, score, ratios, parents)
 
 
-def _preorder(picked: list[tuple[int, int, int]]) -> DraftTree:
+def _preorder(picked: list[tuple[int, int, int, tuple[float, int]]]
+              ) -> tuple[list[int], list[int], list[tuple[float, int]]]:
     """Picked nodes renumbered depth first, each node's children in the order they were ranked
-    (likelier first), so the first nodes are the greedy chain."""
+    (likelier first), so the first nodes are the greedy chain: their tokens, parents and ratios."""
     children: dict[int, list[int]] = {}
-    for i, (parent, _, _) in enumerate(picked):
+    for i, (parent, _, _, _) in enumerate(picked):
         children.setdefault(parent, []).append(i)
     tokens: list[int] = []
     parents: list[int] = []
+    ratios: list[tuple[float, int]] = []
     stack = [(i, -1) for i in sorted(children.get(-1, []), key=lambda i: picked[i][2], reverse=True)]
     while stack:
         i, new_parent = stack.pop()
         tokens.append(picked[i][1])
         parents.append(new_parent)
+        ratios.append(picked[i][3])
         here = len(tokens) - 1
         stack += [(c, here) for c in sorted(children.get(i, []), key=lambda c: picked[c][2], reverse=True)]
-    return DraftTree(tokens, parents)
+    return tokens, parents, ratios
 
 
 class SuffixIndex:

@@ -121,7 +121,8 @@ def test_trees_take_the_likeliest_nodes_in_preorder_with_the_greedy_chain_first(
             trie.add([rng.randrange(4) for _ in range(rng.randint(2, 30))])
         context = [rng.randrange(4) for _ in range(rng.randint(1, 6))]
         k = rng.randint(1, 10)
-        tree, m, score = trie.propose_tree(context, k, 3, 0.1, 1.5)
+        proposal = trie.propose_tree(context, k, 3, 0.1, 1.5)
+        tree, m, score = DraftTree(proposal.tokens, proposal.parents), proposal.match_len, proposal.score
         chain = trie.propose(context, k, 3, 0.1, 1.5)
         m_ref, cands = candidates(trie, context, 3, 0.1, math.ceil(1.5 * m))
         assert m == m_ref == chain.match_len
@@ -132,6 +133,9 @@ def test_trees_take_the_likeliest_nodes_in_preorder_with_the_greedy_chain_first(
         if len(tree) < len(cands):
             assert min(cands[p] for p in paths) >= max(v for p, v in cands.items() if p not in paths) - 1e-12
         assert score == pytest.approx(sum(cands[p] for p in paths))
+        # each node's count ratio, renumbered with it: the ratios along its path make its probability
+        for path, p in zip(tree.paths(), paths, strict=True):
+            assert math.prod(proposal.ratios[a][0] for a in path) == pytest.approx(cands[p])
         # the first nodes are the chain ``propose`` gives, as far as the tree's budget kept it
         assert tree.tokens[:tree.chain_length] == chain.tokens[:tree.chain_length]
         assert tree.chain_length == len(chain.tokens) or tree.chain_length < len(tree) or len(tree) == k

@@ -30,9 +30,10 @@ def test_the_oracle_verifies_every_right_draft_and_its_price_is_exact(method):
     assert r.off_seconds == pytest.approx(50.0)
 
 
+@pytest.mark.parametrize("trees", [False, True])
 @pytest.mark.parametrize("method", ["ngram", "suffix", "auto"])
-def test_the_engine_policy_replays_at_or_below_the_oracle(method):
-    policy = ceiling.replay(copy_task(), method, COSTS, cap=4, oracle=False)
+def test_the_engine_policy_replays_at_or_below_the_oracle(method, trees):
+    policy = ceiling.replay(copy_task(), method, COSTS, cap=4, oracle=False, trees=trees)
     oracle = ceiling.replay(copy_task(), method, COSTS, cap=4, oracle=True)
     assert policy.tokens == oracle.tokens == 50
     assert 1.0 < policy.speedup <= oracle.speedup
@@ -51,3 +52,13 @@ def test_the_row_cost_scales_only_what_rows_past_the_first_add():
     assert quarter.target(5, frozen=True) - quarter.target(1, frozen=True) == pytest.approx(
         0.25 * (full.target(5, frozen=True) - full.target(1, frozen=True)))
 
+
+
+def test_a_tree_keeps_its_deepest_path_that_the_answer_follows():
+    # 5 -> (6 -> 7, 8 -> 9): the answer goes 5, 8, 9, 4
+    tree = ceiling.DraftTree([5, 6, 7, 8, 9], [-1, 0, 1, 0, 3])
+    assert ceiling.kept_path(tree, [5, 8, 9, 4]) == 3
+    assert ceiling.kept_path(tree, [5, 6, 2]) == 2
+    assert ceiling.kept_path(tree, [4]) == 0
+    assert ceiling.kept_path(tree, [5, 8]) == 2  # the answer ends: nothing deeper was decided
+    assert ceiling.kept_path(ceiling.DraftTree.chain([1, 2, 3]), [1, 2, 4]) == 2  # a chain: its kept prefix

@@ -199,7 +199,7 @@ def test_a_lookup_passed_over_keeps_learning_and_is_chosen_again():
     lookups = {"ngram": RepeatLookup(9)}
     for _ in range(4):  # the lookup proposed 9s; the target committed 1s
         item = _auto(req, lookups)
-        assert item.source == "draft" and item.lookups == {"ngram": [9] * 4}
+        assert item.source == "draft" and item.lookups["ngram"].tokens == [9] * 4
         req.learn(item.source, 0, item.num_drafts, item.lookups, [1])
     assert req.acceptance["ngram"].alpha < 0.15
     passes = 0
@@ -316,6 +316,7 @@ def test_auto_without_a_draft_model_chooses_among_the_lookups(pair, adaptive):
     assert [c.token_ids for c in eng.generate(PROMPTS, GREEDY)] == [c.token_ids for c in alone]
     by_source = eng.metrics.draft_tokens_by_source
     assert by_source.get("ngram", 0) + by_source.get("suffix", 0) > 0 and "draft" not in by_source, by_source
+    assert eng.policy.calibration.scored > 0  # the commit taught the lookups' calibration
     # Nothing to look up: no draft-model choice to fall back on, so no drafts at all.
     req = request(0.9, source="ngram")
     assert _auto_without_draft(req, {"ngram": ShortLookup(9, 0), "suffix": ShortLookup(8, 0)}).num_drafts == 0
