@@ -102,8 +102,10 @@ class CostTable:
     def rescale(self, ratio: float) -> None:
         """A real forward cost ``ratio`` times what the measured shape at the level says: move
         every point and the context term toward it by the same factor (an exponential moving
-        average of the level; the shape stays)."""
-        self._move_level(ratio)
+        average of the level; the shape stays). Bounded as ``observe`` is: one draft forward
+        stalled by something else once moved the draft level x2.2, and a draft model priced
+        that dear is not chosen again, so never observed to correct it (and the cache kept it)."""
+        self._move_level(_bounded(ratio))
         self._update()
 
     def observe(self, n: float, seconds: float, context_tokens: float | None = None) -> bool:

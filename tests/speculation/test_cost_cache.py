@@ -105,11 +105,13 @@ def test_the_table_learns_the_level_and_keeps_the_measured_shape() -> None:
 def test_one_stalled_step_moves_the_level_by_a_bounded_step() -> None:
     """A step held up by something else (here 100x its cost) is one sample, not the machine's new
     speed: the level moves by at most 10% of ``OBSERVED_RATIO_BOUND`` - 1, and the size's
-    correction by at most ``SHAPE_RATE`` of it."""
-    costs = StepCostModel(CostTable([1, 8], [1.0, 2.0]), None)
+    correction by at most ``SHAPE_RATE`` of it; the draft table's level as the target's."""
+    costs = StepCostModel(CostTable([1, 8], [1.0, 2.0]), CostTable([1, 4], [0.5, 1.0]))
     costs.observe_target(8, 200.0)
     assert costs.target(8) == pytest.approx(2.0 * 1.1 * (1 + SHAPE_RATE), rel=1e-6)
     assert costs.target(1) == pytest.approx(1.1, rel=1e-6)
+    costs.observe_draft([(1, 0.0)], 50.0)  # the draft model's forwards likewise
+    assert costs.draft(1) == pytest.approx(0.5 * 1.1, rel=1e-6)
 
 
 def test_a_size_that_runs_dearer_than_the_level_says_is_corrected_within_a_bound(tmp_path: Path) -> None:
