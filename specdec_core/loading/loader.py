@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 import specdec_core.loading.default_models as default_models
 from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.hf_types import HFModule
-from specdec_core.loading.gguf_model import GGUFSource, can_read, dequantize_blocks, load_gguf_model
+from specdec_core.loading.gguf_model import GGUFSource, dequantize_blocks, load_gguf_model, readable
 from specdec_core.loading.model_errors import ModelLoadError
 from specdec_core.loading.progress_log import phase
 from specdec_core.loading.stale_partials import remove_stale_partials
@@ -80,11 +80,12 @@ def load_model(
     """
     dev, dt = profile.device, profile.dtype
     gguf, name = _gguf_file(source, role, Path(cache_dir), progress)
-    if gguf is not None and profile.kernels == "gguf" and can_read(gguf):
+    header = readable(gguf) if gguf is not None and profile.kernels == "gguf" else None
+    if gguf is not None and header is not None:
         where = f"its {len(gguf.parts)} parts" if gguf.split else gguf.parts[0]
         with phase(logger, f"loading the {role} model {name} from {where} (its own blocks, from the file)"):
             try:
-                model, tokenizer = load_gguf_model(gguf)
+                model, tokenizer = load_gguf_model(gguf, header)
             except (OSError, ValueError) as exc:
                 raise ModelLoadError(f"could not load the {role} model from {where}: {exc}") from exc
         return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=gguf.metadata_file, source=gguf)
@@ -207,8 +208,8 @@ def _write_hf_dir(gguf: GGUFSource, out: Path) -> None:
 
     size = f"{sum(p.stat().st_size for p in gguf.parts) / 1e9:.1f} GB"
     with phase(logger, f"reading and dequantizing {gguf.name} ({size}) to float32"):
-        if can_read(gguf):
-            model, tokenizer = load_gguf_model(gguf)
+        if (header := readable(gguf)) is not None:
+            model, tokenizer = load_gguf_model(gguf, header)
             dequantize_blocks(model)
         elif gguf.split:
             raise ModelLoadError(f"{gguf.name} is split into parts, and its architecture is not one read from them")
