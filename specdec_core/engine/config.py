@@ -144,11 +144,12 @@ class EngineConfig:
     cache_dir: Path = field(default_factory=default_cache_dir, metadata=_flag(
         "where converted GGUF weights, the default pair's checked headers and the step costs are kept",
         default_help="$XDG_CACHE_HOME/specdec, i.e. ~/.cache/specdec"))
-    # Choose each step's draft lengths from measured step costs and each request's observed
-    # acceptance (never above num_speculative_tokens). Changes speed only, never the output.
+    # Choose each step's draft lengths from measured step costs and observed acceptance (never
+    # above num_speculative_tokens). Changes speed only, never the output.
     adaptive_speculation: bool = field(default=True, metadata=_flag(
         "choose each step's draft lengths (0..--num-speculative-tokens) from step costs measured at start-up "
-        "and each request's observed acceptance; off: always k drafts; changes speed only, never the output",
+        "and observed acceptance (a lookup's by its evidence, the draft model's per request); off: always k "
+        "drafts; changes speed only, never the output",
         group="models"))
 
     def __post_init__(self) -> None:

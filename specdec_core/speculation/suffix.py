@@ -29,8 +29,9 @@ MIN_TOKEN_PROB = 0.1  # stop a proposal at a token that followed its context les
 SPEC_FACTOR = 1.0  # propose at most this many tokens per token of match (vLLM's max_spec_factor)
 # How a token's evidence is keyed (``lookup_calibration``): its trie, its match's length in steps
 # of 3 (12 and more together), its count ratio's band, the count it was taken of (4 and more
-# together) and its depth (3 and more together). Replayed, each of them moved the chance of a
-# token being kept by tens of points (docs/speculation-measurements.md).
+# together) and its depth (3 and more together). Replayed, the match's length, the ratio and the
+# count each moved the chance of a token being kept by tens of points
+# (docs/speculation-measurements.md, "Lookups priced by their evidence").
 MATCH_STEP, LONGEST_MATCH = 3, 12
 RATIO_BANDS = (0.3, 0.5, 0.7, 0.9)
 MOST_COUNTED, DEEPEST = 4, 2
