@@ -107,36 +107,10 @@ INLINE void q8_0_a16_x8_rows(const uint8_t *w, int nb, const uint8_t *act, size_
     x8_store(acc, R, out, ldo, ncols);
 }
 
-static void q8_0_a16_x8(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out, size_t ldo,
-                        int ncols) {
-    for (int r0 = 0; r0 < rows; r0 += ACT16_X8_ROWS) { /* R a compile-time constant per instantiation */
-        const uint8_t *a = act + (size_t)r0 * stride;
-        float *o = out + (size_t)r0 * ldo;
-        switch (rows - r0 < ACT16_X8_ROWS ? rows - r0 : ACT16_X8_ROWS) {
-        case 1: q8_0_a16_x8_rows(w, nb, a, stride, 1, o, ldo, ncols); break;
-#if ACT16_X8_ROWS > 2
-        case 2: q8_0_a16_x8_rows(w, nb, a, stride, 2, o, ldo, ncols); break;
+#if ACT16_X8_ROWS != 5 && ACT16_X8_ROWS != 8
+#error "ACT16_X8_ROWS: the repacked 16-bit-activation tiles are instantiated for 5 or 8 rows"
 #endif
-#if ACT16_X8_ROWS > 3
-        case 3: q8_0_a16_x8_rows(w, nb, a, stride, 3, o, ldo, ncols); break;
-#endif
-#if ACT16_X8_ROWS > 4
-        case 4: q8_0_a16_x8_rows(w, nb, a, stride, 4, o, ldo, ncols); break;
-#endif
-#if ACT16_X8_ROWS > 5
-        case 5: q8_0_a16_x8_rows(w, nb, a, stride, 5, o, ldo, ncols); break;
-#endif
-#if ACT16_X8_ROWS > 6
-        case 6: q8_0_a16_x8_rows(w, nb, a, stride, 6, o, ldo, ncols); break;
-#endif
-#if ACT16_X8_ROWS > 7
-        case 7: q8_0_a16_x8_rows(w, nb, a, stride, 7, o, ldo, ncols); break;
-#endif
-        default: q8_0_a16_x8_rows(w, nb, a, stride, ACT16_X8_ROWS, o, ldo, ncols); break;
-        }
-    }
-}
-
-_Static_assert(ACT16_X8_ROWS >= 2 && ACT16_X8_ROWS <= 8, "the repacked 16-bit-activation tile is instantiated for 2..8 rows");
+#define X8_A16(R) q8_0_a16_x8_rows(w, nb, act, stride, R, out, ldo, ncols)
+X8_GROUP_ROWS(q8_0_a16_x8, X8_A16, ACT16_X8_ROWS)
 
 group_fn ACT16_GROUP_FN(int type) { return type == T_Q8_0 ? q8_0_a16_x8 : NULL; }

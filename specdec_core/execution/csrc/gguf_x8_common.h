@@ -8,8 +8,32 @@
 
 #include "avx2_common.h"
 
-/* The signature of a tile of R rows of one 8-column group (the kernels instantiate R = 1..6). */
+/* The signature of a tile of R rows of one 8-column group (the kernels instantiate R = 1..rows). */
 #define X8_ARGS const uint8_t *w, int nb, const uint8_t *act, size_t stride, float *out, size_t ldo, int ncols
+
+/* X8_GROUP_ROWS(name, call, rows): the group_fn `name` of one format, which cuts any number of
+ * rows into tiles of at most `rows` (5, 6 or 8, a literal or a macro of one), each tile one
+ * instantiation `name_R` that runs `call(R)` with R a compile-time constant, so its row arrays
+ * live in registers. */
+#define X8_TILE(name, call, R) static void name##_##R(X8_ARGS) { call(R); }
+#define X8_TILES_5(name, call) X8_TILE(name, call, 1) X8_TILE(name, call, 2) X8_TILE(name, call, 3) \
+                               X8_TILE(name, call, 4) X8_TILE(name, call, 5)
+#define X8_TILES_6(name, call) X8_TILES_5(name, call) X8_TILE(name, call, 6)
+#define X8_TILES_8(name, call) X8_TILES_6(name, call) X8_TILE(name, call, 7) X8_TILE(name, call, 8)
+#define X8_TABLE_5(name) name##_1, name##_2, name##_3, name##_4, name##_5
+#define X8_TABLE_6(name) X8_TABLE_5(name), name##_6
+#define X8_TABLE_8(name) X8_TABLE_6(name), name##_7, name##_8
+#define X8_GROUP_ROWS(name, call, rows) X8_GROUP_ROWS_(name, call, rows) /* expands `rows` first */
+#define X8_GROUP_ROWS_(name, call, rows)                                                                      \
+    X8_TILES_##rows(name, call)                                                                               \
+    static void name(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int n_rows, float *out,     \
+                     size_t ldo, int ncols) {                                                                 \
+        static void (*const tiles[rows])(X8_ARGS) = {X8_TABLE_##rows(name)};                                  \
+        for (int r0 = 0; r0 < n_rows; r0 += rows) {                                                           \
+            const int n = n_rows - r0 < rows ? n_rows - r0 : rows;                                            \
+            tiles[n - 1](w, nb, act + (size_t)r0 * stride, stride, out + (size_t)r0 * ldo, ldo, ncols);       \
+        }                                                                                                     \
+    }
 
 #define ROLLED _Pragma("GCC unroll 1") /* unrolled, gcc computes every product first and spills them */
 

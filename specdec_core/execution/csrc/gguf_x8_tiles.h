@@ -235,34 +235,10 @@ INLINE void x32_tile(const int type, const uint8_t *w, int nb, const uint8_t *ac
 #define X8_Q5_0(R) x32_tile(T_Q5_0, w, nb, act, stride, R, out, ldo, ncols)
 #define X8_Q8_0(R) x32_tile(T_Q8_0, w, nb, act, stride, R, out, ldo, ncols)
 
-#if X8_ROWS == 6
-#define X8_TILE_TABLE(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6}
-#define X8_EXTRA_TILES(name, call)
-#elif X8_ROWS == 8
-#define X8_TILE_TABLE(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}
-#define X8_EXTRA_TILES(name, call) \
-    static void name##_7(X8_ARGS) { call(7); } \
-    static void name##_8(X8_ARGS) { call(8); }
-#else
+#if X8_ROWS != 6 && X8_ROWS != 8
 #error "X8_ROWS: tiles are instantiated for 6 or 8 rows"
 #endif
-
-#define X8_GROUP(name, call)                                                                                  \
-    static void name##_1(X8_ARGS) { call(1); }                                                                \
-    static void name##_2(X8_ARGS) { call(2); }                                                                \
-    static void name##_3(X8_ARGS) { call(3); }                                                                \
-    static void name##_4(X8_ARGS) { call(4); }                                                                \
-    static void name##_5(X8_ARGS) { call(5); }                                                                \
-    static void name##_6(X8_ARGS) { call(6); }                                                                \
-    X8_EXTRA_TILES(name, call)                                                                                \
-    static void name(const uint8_t *w, int nb, const uint8_t *act, size_t stride, int rows, float *out,       \
-                     size_t ldo, int ncols) {                                                                 \
-        static void (*const tiles[X8_ROWS])(X8_ARGS) = X8_TILE_TABLE(name);                                   \
-        for (int r0 = 0; r0 < rows; r0 += X8_ROWS) {                                                          \
-            const int n = rows - r0 < X8_ROWS ? rows - r0 : X8_ROWS;                                          \
-            tiles[n - 1](w, nb, act + (size_t)r0 * stride, stride, out + (size_t)r0 * ldo, ldo, ncols);       \
-        }                                                                                                     \
-    }
+#define X8_GROUP(name, call) X8_GROUP_ROWS(name, call, X8_ROWS)
 X8_GROUP(x8_q4k, X8_Q4K)
 X8_GROUP(x8_q6k, X8_Q6K)
 X8_GROUP(x8_q4_0, X8_Q4_0)
