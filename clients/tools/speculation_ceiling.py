@@ -159,12 +159,7 @@ def replay(requests: list[tuple[list[int], list[int]]], method: str, costs: Step
 def kept_path(tree: DraftTree, truth: list[int]) -> int:
     """How many drafts a greedy verification of ``tree`` against ``truth`` keeps: the depth of
     its deepest node whose path is truth's first tokens (a chain: ``kept_prefix``)."""
-    depth: list[int] = []
-    matched: list[bool] = []
-    for token, parent in zip(tree.tokens, tree.parents):
-        depth.append(depth[parent] + 1 if parent >= 0 else 1)
-        matched.append((parent < 0 or matched[parent]) and depth[-1] <= len(truth) and truth[depth[-1] - 1] == token)
-    return max((d for d, m in zip(depth, matched) if m), default=0)
+    return max((d for d, kept in zip(tree.depths, tree.follows(truth)) if kept), default=0)
 
 
 def _run(requests: list[tuple[list[int], list[int]]], method: str, costs: StepCostModel, cap: int,

@@ -72,6 +72,22 @@ class DraftTree:
     def is_chain(self) -> bool:
         return self.chain_length == len(self.parents)
 
+    @property
+    def depths(self) -> list[int]:
+        """Per node, its depth (1: it follows the request's last token)."""
+        depths: list[int] = []
+        for p in self.parents:
+            depths.append(depths[p] + 1 if p >= 0 else 1)
+        return depths
+
+    def follows(self, truth: list[int]) -> list[bool]:
+        """Per node, whether its path is ``truth``'s first tokens: what a greedy verification
+        against ``truth`` keeps (nodes deeper than ``truth`` are not decided: False)."""
+        matched: list[bool] = []
+        for token, parent, depth in zip(self.tokens, self.parents, self.depths, strict=True):
+            matched.append((parent < 0 or matched[parent]) and depth <= len(truth) and truth[depth - 1] == token)
+        return matched
+
     def paths(self) -> list[list[int]]:
         """Per node, the nodes from the root's child down to itself: what it continues, and what
         it attends to in the forward."""

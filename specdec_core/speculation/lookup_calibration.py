@@ -61,14 +61,10 @@ class LookupCalibration:
         """One pass's verdict on a lookup: each node it decided (reached, and no deeper than the
         tokens ``committed``) counts as reached, and as kept where its token is the committed
         one at its depth. Nodes past the first rejection are not counted: nothing was learnt."""
-        depth: list[int] = []
-        kept: list[bool] = []
-        for evidence, token, parent in zip(tree.evidence, tree.tokens, tree.parents, strict=True):
-            depth.append(depth[parent] + 1 if parent >= 0 else 1)
-            reached = (parent < 0 or kept[parent]) and depth[-1] <= len(committed)
-            kept.append(reached and committed[depth[-1] - 1] == token)
-            if reached:
-                self._count(evidence.key, kept[-1])
+        kept = tree.follows(committed)
+        for evidence, parent, depth, node_kept in zip(tree.evidence, tree.parents, tree.depths, kept, strict=True):
+            if (parent < 0 or kept[parent]) and depth <= len(committed):
+                self._count(evidence.key, node_kept)
 
     def score_all(self, lookups: Iterable[DraftTree], committed: list[int]) -> None:
         """``score`` for every lookup a pass made (``ScheduledRequest.lookups``)."""

@@ -109,12 +109,9 @@ class SuffixProposer:
 def _draft_tree(proposal: Proposal, trie: str) -> DraftTree:
     """The proposal as a draft tree, each node with its evidence (keys above; prior: its count
     ratio)."""
-    depth: list[int] = []
-    evidence = []
+    tree = DraftTree(proposal.tokens, list(proposal.parents))
     match = min(proposal.match_len, LONGEST_MATCH) // MATCH_STEP
-    for (ratio, counted), parent in zip(proposal.ratios, proposal.parents or range(-1, len(proposal.tokens) - 1)):
-        depth.append(depth[parent] + 1 if parent >= 0 else 0)
-        key = ("suffix", trie, match, bisect.bisect_right(RATIO_BANDS, ratio), min(counted, MOST_COUNTED),
-               min(depth[-1], DEEPEST))
-        evidence.append(TokenEvidence(key, ratio))
-    return DraftTree(proposal.tokens, list(proposal.parents), tuple(evidence))
+    evidence = tuple(TokenEvidence(("suffix", trie, match, bisect.bisect_right(RATIO_BANDS, ratio),
+                                    min(counted, MOST_COUNTED), min(depth - 1, DEEPEST)), ratio)
+                     for (ratio, counted), depth in zip(proposal.ratios, tree.depths, strict=True))
+    return DraftTree(tree.tokens, tree.parents, evidence)
