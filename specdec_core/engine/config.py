@@ -76,10 +76,11 @@ class EngineConfig:
         "linear layers: gguf (the GGUF block kernels: a GGUF model's own quantized blocks, Q8_0 blocks made at "
         "load for any other model or layer; 8-bit per-row activations, batch-invariant; CPU only), "
         "int8 (opt-in: per-row activation and per-channel weight scales, batch-invariant, lower quality; CPU only), "
-        "none (fp32 on CPU, bf16 on CUDA), auto = gguf on an AVX2 or AVX-512 VNNI CPU, else int8 on CPU, none on CUDA"))
+        "none (fp32 on CPU, bf16 on CUDA), auto = gguf on an AVX2, AVX-512 VNNI or AMX CPU, else int8 on CPU, none on CUDA"))
     # The C kernels' instruction set, for the process (``gguf_kernels``): auto takes the best this CPU runs.
-    kernels: Literal["auto", "avx512-vnni", "avx2", "portable"] = field(default="auto", metadata=_flag(
-        "C kernel set (block GEMMs, row ops, row attention) for the whole process: avx512-vnni, avx2, portable (plain C, any CPU; "
+    kernels: Literal["auto", "amx-int8", "avx512-vnni", "avx2", "portable"] = field(default="auto", metadata=_flag(
+        "C kernel set (block GEMMs, row ops, row attention) for the whole process: amx-int8 (AVX-512 VNNI plus AMX tile "
+        "products for steps of several rows; same bits), avx512-vnni, avx2, portable (plain C, any CPU; "
         "correct, not fast), auto = the best this CPU and OS support; the start-up line names it and the CPU's features"))
     # "segments" keeps every row bit-identical alone and batched (the CPU's promise); "packed" is
     # one attention call per layer for the whole step (what a launch-bound GPU needs).

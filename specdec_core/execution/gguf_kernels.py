@@ -48,10 +48,10 @@ ACT16_TYPES = (8,)
 
 # The kernel sets, best first. ``SPECDEC_KERNELS`` picks one for the process (tests, A/B runs, a host
 # where a path misbehaves); ``auto``, the default, takes the best this CPU and OS support.
-KERNEL_SETS = ("avx512-vnni", "avx2", "portable")
+KERNEL_SETS = ("amx-int8", "avx512-vnni", "avx2", "portable")
 # Each set's number in the C library (SD_IMPL_*, csrc/gguf_kernels.h); 0 asks for the best this CPU
 # runs. Also read by clients/tools/gguf_kernel_ab.py, which binds builds of its own.
-KERNEL_SET_CODES = {"portable": 1, "avx2": 2, "avx512-vnni": 3}
+KERNEL_SET_CODES = {"portable": 1, "avx2": 2, "avx512-vnni": 3, "amx-int8": 4}
 KERNELS_ENV = "SPECDEC_KERNELS"
 # sd_cpu_features() bits (csrc/gguf_kernels.h): reported at start-up whether or not a kernel set uses them yet
 _CPU_FEATURES = {1: "avx2", 2: "avx512", 4: "avx512-vnni", 8: "amx-int8"}
@@ -254,7 +254,10 @@ def runnable_kernels() -> list[str]:
 
 
 def _runnable(lib: ctypes.CDLL) -> list[str]:
-    return [k for k in KERNEL_SETS if k == "portable" or k in _names(lib.sd_cpu_features())]
+    features = _names(lib.sd_cpu_features())
+    if "avx512-vnni" not in features:  # the AMX set takes the VNNI tiles for what tiles do not pay for
+        features = [f for f in features if f != "amx-int8"]
+    return [k for k in KERNEL_SETS if k == "portable" or k in features]
 
 
 def _select(lib: ctypes.CDLL, name: str) -> str:

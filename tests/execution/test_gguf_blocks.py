@@ -8,8 +8,8 @@
 4. ``--quantize gguf`` on a float weight makes ggml's own Q8_0 blocks at load, multiplied with
    16-bit activations (per-row int8 where a row is not a multiple of 32).
 
-Every format runs on every kernel set the CPU has (AVX-512 VNNI, AVX2, the portable C), and the
-vector sets give every output the same bits (5).
+Every format runs on every kernel set the CPU has (AMX-INT8, AVX-512 VNNI, AVX2, the portable
+C), and the vector sets give every output the same bits (5).
 """
 
 from __future__ import annotations
@@ -192,21 +192,31 @@ def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype, bits, i
 @pytest.mark.parametrize("qtype, bits", KERNELS, ids=KERNEL_IDS)
 def test_the_vector_sets_give_every_output_the_same_bits(qtype, bits):
     """AVX-512 VNNI sums the same exact integers as AVX2 (one vpdpbusd where AVX2 takes
-    vpmaddubsw, an int16 add and vpmaddwd) and shares every float step (gguf_x8_tiles.h), so a
-    layer prepared once gives the same bits on either set, for 1..17 rows (tiles of 8 and of 6)."""
-    if "avx512-vnni" not in gguf_kernels.runnable_kernels():
-        pytest.skip(f"this CPU does not run the avx512-vnni kernels (it has: {' '.join(gguf_kernels.cpu_features())})")
-    gguf_kernels.select_kernels("avx2")
-    n, k = 45, 768
+    vpmaddubsw, an int16 add and vpmaddwd) and shares every float step (gguf_x8_tiles.h); AMX-INT8's
+    tile products (csrc/gguf_amx.c: two 8-column groups at a time from 5 rows, two sub-blocks a
+    product up to 8 rows, 16 rows a tile beyond) sum them too and apply the same float steps. So a
+    layer prepared once gives the same bits on every set, for 1..33 rows, on 1 and 2 threads (a
+    lone group; the last group of 5 columns paired with the one before it)."""
+    sets = [name for name in gguf_kernels.runnable_kernels() if name != "portable"]
+    if len(sets) < 2:
+        pytest.skip(f"this CPU runs one vector set (it has: {' '.join(gguf_kernels.cpu_features())})")
+    n, k, counts = 45, 768, (1, 2, 3, 5, 7, 8, 9, 16, 17, 33)
     layer = GGUFLinear([BlockWeight(int(qtype), torch.from_numpy(blocks_for(qtype, n, k, seed=21)), k, bits)], None)
-    x = activations(17, k, seed=22)
+    x = activations(max(counts), k, seed=22)
+    threads = torch.get_num_threads()
     outputs = {}
-    for name in ("avx2", "avx512-vnni"):
-        gguf_kernels.select_kernels(name)
-        outputs[name] = [layer(x[:m]) for m in (1, 2, 3, 7, 8, 9, 17)]
-    gguf_kernels.select_kernels("auto")
-    for m, a, b in zip((1, 2, 3, 7, 8, 9, 17), outputs["avx2"], outputs["avx512-vnni"], strict=True):
-        assert torch.equal(a, b), (m, (a != b).nonzero()[:5].tolist())
+    try:
+        for name in sets:
+            gguf_kernels.select_kernels(name)
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                outputs[name, t] = [layer(x[:m]) for m in counts]
+    finally:
+        torch.set_num_threads(threads)
+        gguf_kernels.select_kernels("auto")
+    for (name, t), got in outputs.items():
+        for m, a, b in zip(counts, outputs[sets[-1], 2], got, strict=True):
+            assert torch.equal(a, b), (name, t, m, (a != b).nonzero()[:5].tolist())
 
 
 @pytest.mark.parametrize("k_quant", [True, False], ids=["act_k", "act_32"])

@@ -75,6 +75,7 @@ int sd_cpu_features(void) {
 /* The best kernel set this CPU and OS run. */
 static int best_impl(void) {
     const int features = sd_cpu_features();
+    if ((features & SD_CPU_AVX512_VNNI) && (features & SD_CPU_AMX_INT8)) return SD_IMPL_AMX;
     return (features & SD_CPU_AVX512_VNNI) ? SD_IMPL_VNNI : (features & SD_CPU_AVX2) ? SD_IMPL_AVX2 : SD_IMPL_PORTABLE;
 }
 
@@ -99,7 +100,7 @@ static tile_fn select_tile(int type) {
     const int act16 = type & SD_ACT16;
     type &= 0xff;
 #if defined(__x86_64__) || defined(__i386__)
-    if (sd_kernel_impl() == SD_IMPL_VNNI && act16) return sd_vnni_act16_tile(type);
+    if (sd_kernel_impl() >= SD_IMPL_VNNI && act16) return sd_vnni_act16_tile(type);
     if (!sd_use_scalar()) return act16 ? sd_avx2_act16_tile(type) : sd_avx2_tile(type);
 #endif
     return act16 ? sd_scalar_act16_tile(type) : sd_scalar_tile(type);
@@ -128,6 +129,8 @@ int64_t sd_gguf_row_bytes(int type, int64_t k) {
 typedef struct {
     tile_fn tile;
     group_fn group; /* set for repacked (x8) weights: units of 8 columns */
+    pair_fn pair;   /* AMX: two whole groups at a time (set with group; a lone group takes group) */
+    const uint8_t *spread; /* the activations as pair reads them (sd_amx_spread), or NULL */
     const uint8_t *w, *act;
     int64_t n, m, ldo, row_bytes, act_stride, group_bytes;
     int nb, parts;
@@ -140,6 +143,13 @@ static void run_part(const void *job, int part) {
         const int64_t groups = (j->n + 7) / 8, g0 = groups * part / j->parts, g1 = groups * (part + 1) / j->parts;
         for (int64_t g = g0; g < g1; g++) {
             const int ncols = (int)(j->n - 8 * g < 8 ? j->n - 8 * g : 8);
+            if (j->pair && g + 1 < g1) {
+                const int ncols1 = (int)(j->n - 8 * (g + 1) < 8 ? j->n - 8 * (g + 1) : 8);
+                j->pair(j->w + g * j->group_bytes, j->group_bytes, j->nb, j->act, (size_t)j->act_stride, j->spread, (int)j->m,
+                        j->out + 8 * g, (size_t)j->ldo, ncols1);
+                g++;
+                continue;
+            }
             j->group(j->w + g * j->group_bytes, j->nb, j->act, (size_t)j->act_stride, (int)j->m, j->out + 8 * g,
                      (size_t)j->ldo, ncols);
         }
@@ -205,14 +215,16 @@ int sd_gguf_x8_repack(int type, const uint8_t *raw, int64_t n, int64_t k, uint8_
 int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, int64_t ldx,
                  float *out, int64_t ldo, int threads) {
     group_fn group = NULL;
+    pair_fn pair = NULL;
     const int act16 = type & SD_ACT16;
     if (type & SD_X8) {
         if (sd_gguf_x8_type(type & ~SD_X8) != type || !sd_gguf_x8_size(type, n, k)) return -EINVAL;
         type &= ~SD_X8;
 #if defined(__x86_64__) || defined(__i386__)
-        const int vnni = sd_kernel_impl() == SD_IMPL_VNNI, base = type & 0xff;
+        const int vnni = sd_kernel_impl() >= SD_IMPL_VNNI, base = type & 0xff;
         group = act16 ? (vnni ? sd_vnni_act16_group(base) : sd_avx2_act16_group(base))
                       : (vnni ? sd_vnni_x8_group(base) : sd_avx2_x8_group(base));
+        if (sd_kernel_impl() == SD_IMPL_AMX && !act16 && m >= AMX_MIN_ROWS) pair = sd_amx_x8_pair(base);
 #endif
     }
     const int64_t row_bytes = sd_gguf_row_bytes(type & 0xff, k);
@@ -228,11 +240,24 @@ int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *
         sd_quantize_rows16(x, k, m, ldx, act, act_stride);
     else
         sd_quantize_rows(kq, x, k, m, ldx, act, act_stride);
-    job_t j = {tile, group, w, act, n, m, ldo, row_bytes, act_stride, group ? sd_gguf_x8_size(type, 8, k) : 0,
+    uint8_t *spread = NULL;
+#if defined(__x86_64__) || defined(__i386__)
+    const int64_t spread_bytes = pair ? sd_amx_spread_bytes(type, m, k) : 0;
+    if (spread_bytes) {
+        spread = aligned_alloc(64, (size_t)((spread_bytes + 63) / 64 * 64));
+        if (!spread) {
+            free(act);
+            return -ENOMEM;
+        }
+        sd_amx_spread(type, act, (size_t)act_stride, m, k, spread);
+    }
+#endif
+    job_t j = {tile, group, pair, spread, w, act, n, m, ldo, row_bytes, act_stride, group ? sd_gguf_x8_size(type, 8, k) : 0,
                (int)(k / block_values(type)), threads < 1 ? 1 : threads, out};
     const int64_t units = group ? (n + 7) / 8 : n;
     if ((int64_t)j.parts > units) j.parts = (int)units;
     sd_run_parts(run_part, &j, j.parts, j.parts);
+    free(spread);
     free(act);
     return 0;
 }
