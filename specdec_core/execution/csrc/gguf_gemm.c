@@ -130,7 +130,6 @@ typedef struct {
     tile_fn tile;
     group_fn group; /* set for repacked (x8) weights: units of 8 columns */
     pair_fn pair;   /* AMX: two whole groups at a time (set with group; a lone group takes group) */
-    const uint8_t *spread; /* the activations as pair reads them (sd_amx_spread), or NULL */
     const uint8_t *w, *act;
     int64_t n, m, ldo, row_bytes, act_stride, group_bytes;
     int nb, parts;
@@ -145,7 +144,7 @@ static void run_part(const void *job, int part) {
             const int ncols = (int)(j->n - 8 * g < 8 ? j->n - 8 * g : 8);
             if (j->pair && g + 1 < g1) {
                 const int ncols1 = (int)(j->n - 8 * (g + 1) < 8 ? j->n - 8 * (g + 1) : 8);
-                j->pair(j->w + g * j->group_bytes, j->group_bytes, j->nb, j->act, (size_t)j->act_stride, j->spread, (int)j->m,
+                j->pair(j->w + g * j->group_bytes, j->group_bytes, j->nb, j->act, (size_t)j->act_stride, (int)j->m,
                         j->out + 8 * g, (size_t)j->ldo, ncols1);
                 g++;
                 continue;
@@ -216,6 +215,7 @@ int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *
                  float *out, int64_t ldo, int threads) {
     group_fn group = NULL;
     pair_fn pair = NULL;
+    int64_t padded = m; /* rows of quantized activations allocated: AMX tiles read 16 at a time */
     const int act16 = type & SD_ACT16;
     if (type & SD_X8) {
         if (sd_gguf_x8_type(type & ~SD_X8) != type || !sd_gguf_x8_size(type, n, k)) return -EINVAL;
@@ -224,7 +224,10 @@ int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *
         const int vnni = sd_kernel_impl() >= SD_IMPL_VNNI, base = type & 0xff;
         group = act16 ? (vnni ? sd_vnni_act16_group(base) : sd_avx2_act16_group(base))
                       : (vnni ? sd_vnni_x8_group(base) : sd_avx2_x8_group(base));
-        if (sd_kernel_impl() == SD_IMPL_AMX && !act16 && m >= AMX_MIN_ROWS) pair = sd_amx_x8_pair(base);
+        if (sd_kernel_impl() == SD_IMPL_AMX && !act16 && m >= AMX_MIN_ROWS && (pair = sd_amx_x8_pair(base)))
+            padded = (m + AMX_TILE_ROWS - 1) / AMX_TILE_ROWS * AMX_TILE_ROWS;
+        else if (sd_kernel_impl() == SD_IMPL_AMX && !act16)
+            pair = sd_vnni512_x8_pair(base);
 #endif
     }
     const int64_t row_bytes = sd_gguf_row_bytes(type & 0xff, k);
@@ -234,30 +237,18 @@ int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *
     type &= 0xff;
     const int kq = block_values(type) == QK_K;
     const int64_t act_stride = act16 ? sd_act16_row_bytes(k) : sd_act_row_bytes(kq, k);
-    uint8_t *act = aligned_alloc(64, (size_t)((act_stride * m + 63) / 64 * 64));
+    uint8_t *act = aligned_alloc(64, (size_t)((act_stride * padded + 63) / 64 * 64));
     if (!act) return -ENOMEM;
+    memset(act + act_stride * m, 0, (size_t)(act_stride * (padded - m))); /* never used: their sums are not read */
     if (act16)
         sd_quantize_rows16(x, k, m, ldx, act, act_stride);
     else
         sd_quantize_rows(kq, x, k, m, ldx, act, act_stride);
-    uint8_t *spread = NULL;
-#if defined(__x86_64__) || defined(__i386__)
-    const int64_t spread_bytes = pair ? sd_amx_spread_bytes(type, m, k) : 0;
-    if (spread_bytes) {
-        spread = aligned_alloc(64, (size_t)((spread_bytes + 63) / 64 * 64));
-        if (!spread) {
-            free(act);
-            return -ENOMEM;
-        }
-        sd_amx_spread(type, act, (size_t)act_stride, m, k, spread);
-    }
-#endif
-    job_t j = {tile, group, pair, spread, w, act, n, m, ldo, row_bytes, act_stride, group ? sd_gguf_x8_size(type, 8, k) : 0,
+    job_t j = {tile, group, pair, w, act, n, m, ldo, row_bytes, act_stride, group ? sd_gguf_x8_size(type, 8, k) : 0,
                (int)(k / block_values(type)), threads < 1 ? 1 : threads, out};
     const int64_t units = group ? (n + 7) / 8 : n;
     if ((int64_t)j.parts > units) j.parts = (int)units;
     sd_run_parts(run_part, &j, j.parts, j.parts);
-    free(spread);
     free(act);
     return 0;
 }

@@ -86,8 +86,7 @@ tile_fn sd_scalar_act16_tile(int type);
  * AVX2's for the rest; AMX-INT8 has tile products for repacked Q4_K, Q6_K and Q8_0 times
  * AMX_MIN_ROWS rows or more (gguf_amx.c), and takes VNNI's for the rest. */
 enum { SD_IMPL_PORTABLE = 1, SD_IMPL_AVX2 = 2, SD_IMPL_VNNI = 3, SD_IMPL_AMX = 4 };
-#define AMX_MIN_ROWS 5
-#define AMX_SPREAD_MAX_ROWS 8 /* up to this many rows, two sub-blocks a tile product (sd_amx_spread) */
+#define AMX_MIN_ROWS 9
 int sd_gguf_set_impl(int which);
 int sd_kernel_impl(void);
 /* 1 where the portable scalar kernels run (no AVX2/FMA/F16C, or a test asked for them). */
@@ -135,13 +134,14 @@ group_fn sd_avx2_act16_group(int type);
 group_fn sd_vnni_act16_group(int type);
 /* Any number of rows of two adjacent 8-column groups (group_bytes apart) of a repacked weight as
  * AMX tile products; ncols <= 8 columns of the second group are stored. NULL for other types. */
-typedef void (*pair_fn)(const uint8_t *w, int64_t group_bytes, int nb, const uint8_t *act, size_t stride,
-                        const uint8_t *spread, int rows, float *out, size_t ldo, int ncols);
+typedef void (*pair_fn)(const uint8_t *w, int64_t group_bytes, int nb, const uint8_t *act, size_t stride, int rows,
+                        float *out, size_t ldo, int ncols);
+/* The AMX tiles read activation rows 16 at a time: the quantized rows are allocated (not
+ * computed) up to the next multiple of AMX_TILE_ROWS. */
+#define AMX_TILE_ROWS 16
 pair_fn sd_amx_x8_pair(int type);
-/* The activations as those tile products read them, made once a GEMM (sd_amx_spread_bytes: 0
- * where the format reads the quantized rows as they are). */
-int64_t sd_amx_spread_bytes(int type, int64_t m, int64_t k);
-void sd_amx_spread(int type, const uint8_t *act, size_t stride, int64_t m, int64_t k, uint8_t *spread);
+/* ... and as 512-bit VNNI tiles (gguf_vnni512.c; Q4_K, Q6_K), for fewer rows on the AMX set */
+pair_fn sd_vnni512_x8_pair(int type);
 #endif
 
 #endif

@@ -4,10 +4,11 @@
  * scales; and Q8_0 with 16-bit activations (gguf_q8_0_act16_tile.h), where one vpdpwssd replaces
  * a vpmaddwd and an add. The other formats' tiles are AVX2's (gguf_gemm.c's select_tile).
  *
- * The registers stay 256 bits wide, in the layout the AVX2 tiles read: AMD's Zen 4, the AVX-512
- * host this was measured on, runs a 512-bit instruction as two 256-bit halves, so wider registers
- * would not add products per cycle there, and one layout lets either set multiply the same
- * prepared weights (and give the same bits). AVX-512VL's 32 registers hold 8 rows a tile. */
+ * The registers stay 256 bits wide: AMD's Zen 4 runs a 512-bit instruction as two 256-bit
+ * halves, so wider registers would not add products per cycle there. The AMX set, whose Intel
+ * cores run two 512-bit vpdpbusd a cycle, takes the same tiles on 512-bit registers for Q4_K and
+ * Q6_K (gguf_vnni512.c). One layout lets every set multiply the same prepared weights (and give
+ * the same bits). AVX-512VL's 32 registers hold 8 rows a tile. */
 #if defined(__x86_64__) || defined(__i386__)
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
 #include <immintrin.h>
@@ -16,6 +17,7 @@
 
 #include "gguf_x8_common.h"
 
+#define X8_WIDTH 256
 #define X8_ROWS 8
 #define X8_SPLIT 2
 

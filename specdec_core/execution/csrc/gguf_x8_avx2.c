@@ -10,6 +10,7 @@
 
 #include "gguf_x8_common.h"
 
+#define X8_WIDTH 256
 #define X8_ROWS 6
 #define X8_SPLIT 0
 

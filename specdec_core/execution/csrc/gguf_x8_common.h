@@ -9,7 +9,7 @@
 #include "avx2_common.h"
 
 /* The signature of a tile of R rows of one 8-column group (the kernels instantiate R = 1..rows). */
-#define X8_ARGS const uint8_t *w, int nb, const uint8_t *act, size_t stride, float *out, size_t ldo, int ncols
+#define X8_ARGS const uint8_t *w, int64_t gb, int nb, const uint8_t *act, size_t stride, float *out, size_t ldo, int ncols
 
 /* X8_GROUP_ROWS(name, call, rows): the group_fn `name` of one format, which cuts any number of
  * rows into tiles of at most `rows` (5, 6 or 8, a literal or a macro of one), each tile one
@@ -31,7 +31,21 @@
         static void (*const tiles[rows])(X8_ARGS) = {X8_TABLE_##rows(name)};                                  \
         for (int r0 = 0; r0 < n_rows; r0 += rows) {                                                           \
             const int n = n_rows - r0 < rows ? n_rows - r0 : rows;                                            \
-            tiles[n - 1](w, nb, act + (size_t)r0 * stride, stride, out + (size_t)r0 * ldo, ldo, ncols);       \
+            tiles[n - 1](w, 0, nb, act + (size_t)r0 * stride, stride, out + (size_t)r0 * ldo, ldo, ncols);    \
+        }                                                                                                     \
+    }
+/* X8_PAIR_ROWS(name, call, rows): the same cut for a pair_fn (two groups, group_bytes apart; the
+ * tiles read the second group gb = group_bytes past the first). */
+#define X8_PAIR_ROWS(name, call, rows) X8_PAIR_ROWS_(name, call, rows)
+#define X8_PAIR_ROWS_(name, call, rows)                                                                       \
+    X8_TILES_##rows(name, call)                                                                               \
+    static void name(const uint8_t *w, int64_t group_bytes, int nb, const uint8_t *act, size_t stride,        \
+                     int n_rows, float *out, size_t ldo, int ncols) {                                         \
+        static void (*const tiles[rows])(X8_ARGS) = {X8_TABLE_##rows(name)};                                  \
+        for (int r0 = 0; r0 < n_rows; r0 += rows) {                                                           \
+            const int n = n_rows - r0 < rows ? n_rows - r0 : rows;                                            \
+            tiles[n - 1](w, group_bytes, nb, act + (size_t)r0 * stride, stride, out + (size_t)r0 * ldo, ldo,  \
+                         ncols);                                                                              \
         }                                                                                                     \
     }
 

@@ -10,6 +10,8 @@
  * not depend on R).
  *
  * The including file defines:
+ *   X8_WIDTH           256 (a register holds one 8-column group; the tiles are group_fns) or 512
+ *                      (two adjacent groups; pair_fns, and Q4_K and Q6_K only: gguf_x8_vec.h)
  *   X8_ROWS            rows per tile (instantiated 1..X8_ROWS; more registers, more rows)
  *   X8_SPLIT           tiles of up to this many rows keep two integer chains per row: VNNI's
  *                      vpdpbusd has a latency of several cycles, and one or two rows have too few
@@ -19,74 +21,75 @@
  *   dot_add(x, y)      the sum of two accumulators
  *   dot_to32(acc)      the accumulator as 8 int32 column sums
  *   dot_acc32(i, w, a) int32 column sums i + the products
- *   dot_scale_u8(p), dot_scale_i8(p)  8 columns' unsigned / signed byte scales, as dot_apply takes them
+ *   dot_scale_u8(p), dot_scale_i8(p)  the columns' unsigned / signed byte scales, as dot_apply
+ *                      takes them (at 512 bits, 8 at p and 8 at p + gb)
  *   dot_apply(acc, s)  8 int32 column sums, each times its column's scale
- *   X8_GROUP_FN        the name of the function that returns the group_fn of a type
+ *   X8_GROUP_FN        the name of the function that returns the group_fn (pair_fn) of a type
  */
 #include "gguf_x8_common.h"
 #include "gguf_x8_layouts.h"
+#include "gguf_x8_vec.h"
 
 
 /* --- Q4_K (gguf_x8.c): within a 32-value sub-block the 8 steps sum to at most |8 x 2 x 15 x 127|
  * = 30480 in int16; dot_apply applies the 8 columns' sub-block scales, one FMA the sub-block's
  * activation scale. */
-INLINE void q4k_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride, const int R, float *out, size_t ldo,
-                     int ncols) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
+INLINE void q4k_tile(const uint8_t *w, const int64_t gb, int nb, const uint8_t *act, size_t stride, const int R,
+                     float *out, size_t ldo, int ncols) {
+    const vi m4 = v_set1_8(0x0F);
     const int split = R <= X8_SPLIT;
-    __m256 acc[X8_ROWS];
+    vf acc[X8_ROWS];
     UNROLL
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int r = 0; r < R; r++) acc[r] = v_zero_f();
     for (int b = 0; b < nb; b++) {
         const q4k_x8 *x = (const q4k_x8 *)w + b;
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->d));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->dmin));
+        const vf d = w_halves(x->d, gb);
+        const vf dmin = w_halves(x->dmin, gb);
         for (int s = 0; s < 8; s++) {
             { /* an eighth of the super-block X8_PREFETCH super-blocks ahead (see gguf_kernels.h) */
                 const char *pf = (const char *)(x + X8_PREFETCH) + 148 * s;
-                _mm_prefetch(pf, _MM_HINT_T0);
-                _mm_prefetch(pf + 64, _MM_HINT_T0);
-                _mm_prefetch(pf + 128, _MM_HINT_T0);
+                w_prefetch(pf, gb);
+                w_prefetch(pf + 64, gb);
+                w_prefetch(pf + 128, gb);
             }
-            const __m256i scale = dot_scale_u8(x->sc[s]);
-            __m256i lo_sum[X8_ROWS], hi_sum[X8_ROWS];
+            const vi scale = dot_scale_u8(x->sc[s]);
+            vi lo_sum[X8_ROWS], hi_sum[X8_ROWS];
             UNROLL
-            for (int r = 0; r < R; r++) lo_sum[r] = hi_sum[r] = _mm256_setzero_si256();
+            for (int r = 0; r < R; r++) lo_sum[r] = hi_sum[r] = v_zero_i();
             ROLLED
             for (int u = 0; u < 4; u++) {
-                const __m256i packed = _mm256_loadu_si256((const __m256i *)x->qs[s][u]);
-                const __m256i lo = _mm256_and_si256(packed, m4), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
+                const vi packed = w_load(x->qs[s][u], gb);
+                const vi lo = v_and(packed, m4), hi = v_and(v_srli16(packed, 4), m4);
                 UNROLL
                 for (int r = 0; r < R; r++) {
                     const int8_t *aq = ((const act_k *)(act + r * stride) + b)->qs + 32 * s + 4 * u;
-                    lo_sum[r] = dot(lo_sum[r], lo, bcast4(aq));
+                    lo_sum[r] = dot(lo_sum[r], lo, v_bcast4(aq));
                     if (split)
-                        hi_sum[r] = dot(hi_sum[r], hi, bcast4(aq + 16));
+                        hi_sum[r] = dot(hi_sum[r], hi, v_bcast4(aq + 16));
                     else
-                        lo_sum[r] = dot(lo_sum[r], hi, bcast4(aq + 16));
+                        lo_sum[r] = dot(lo_sum[r], hi, v_bcast4(aq + 16));
                 }
             }
             UNROLL
             for (int r = 0; r < R; r++) {
                 const float da = ((const act_k *)(act + r * stride) + b)->d32[s];
-                const __m256i sum = split ? dot_add(lo_sum[r], hi_sum[r]) : lo_sum[r];
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_apply(sum, scale)), _mm256_mul_ps(d, _mm256_set1_ps(da)),
-                                         acc[r]);
+                const vi sum = split ? dot_add(lo_sum[r], hi_sum[r]) : lo_sum[r];
+                acc[r] = v_fmadd(v_cvt(dot_apply(sum, scale)), v_mul(d, v_set1_f(da)), acc[r]);
             }
         }
         UNROLL
         for (int r = 0; r < R; r++) { /* the mins: column c gets sum_s mn[s][c] * d32[s] * sub-block sum */
             const act_k *a = (const act_k *)(act + r * stride) + b;
-            __m256 msum = _mm256_setzero_ps();
+            vf msum = v_zero_f();
             UNROLL
             for (int s = 0; s < 8; s++) {
-                const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)x->mn[s])));
-                msum = _mm256_fmadd_ps(m, _mm256_set1_ps(a->s32[s]), msum);
+                const vf m = v_cvt(w_u8_to32(x->mn[s], gb));
+                msum = v_fmadd(m, v_set1_f(a->s32[s]), msum);
             }
-            acc[r] = _mm256_fnmadd_ps(msum, dmin, acc[r]);
+            acc[r] = v_fnmadd(msum, dmin, acc[r]);
         }
     }
-    x8_store(acc, R, out, ldo, ncols);
+    v_store(acc, R, out, ldo, ncols);
 }
 
 /* --- Q6_K (gguf_x8_q6k.c): per sub-block of 16 values, two steps (unsigned 6-bit q times int8,
@@ -95,65 +98,62 @@ INLINE void q4k_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride
  * FMA folds the integer sums into the row's float accumulator with d * d32. */
 #define ACT_K(r) ((const act_k *)(act + (size_t)(r) * stride) + b)
 
-INLINE void q6k_tile(const uint8_t *w, int nb, const uint8_t *act, size_t stride, const int R, float *out, size_t ldo,
-                     int ncols) {
-    const __m256i m3f = _mm256_set1_epi8(0x3F), m03 = _mm256_set1_epi8(0x03), m0c = _mm256_set1_epi8(0x0C),
-                  m30 = _mm256_set1_epi8(0x30);
-    __m256 acc[X8_ROWS];
+INLINE void q6k_tile(const uint8_t *w, const int64_t gb, int nb, const uint8_t *act, size_t stride, const int R,
+                     float *out, size_t ldo, int ncols) {
+    const vi m3f = v_set1_8(0x3F), m03 = v_set1_8(0x03), m0c = v_set1_8(0x0C), m30 = v_set1_8(0x30);
+    vf acc[X8_ROWS];
     UNROLL
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int r = 0; r < R; r++) acc[r] = v_zero_f();
     for (int b = 0; b < nb; b++) {
         const q6k_x8 *x = (const q6k_x8 *)w + b;
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)x->d));
+        const vf d = w_halves(x->d, gb);
         ROLLED
         for (int t = 0; t < 8; t++) { /* 32 values: sub-blocks 2t, 2t + 1 */
             { /* an eighth of the super-block X8_PREFETCH super-blocks ahead (see gguf_kernels.h) */
                 const char *pf = (const char *)(x + X8_PREFETCH) + 210 * t;
-                _mm_prefetch(pf, _MM_HINT_T0);
-                _mm_prefetch(pf + 64, _MM_HINT_T0);
-                _mm_prefetch(pf + 128, _MM_HINT_T0);
-                _mm_prefetch(pf + 192, _MM_HINT_T0);
+                w_prefetch(pf, gb);
+                w_prefetch(pf + 64, gb);
+                w_prefetch(pf + 128, gb);
+                w_prefetch(pf + 192, gb);
             }
-            __m256i isum[X8_ROWS];
+            vi isum[X8_ROWS];
             UNROLL
             for (int h = 0; h < 2; h++) {
                 const int s = 2 * t + h;
-                const __m256i scale = dot_scale_i8(x->sc[s]);
-                const __m256i b0 = _mm256_loadu_si256((const __m256i *)x->q[s].b[0]);
-                const __m256i b1 = _mm256_loadu_si256((const __m256i *)x->q[s].b[1]);
-                const __m256i q0 = _mm256_and_si256(b0, m3f), q1 = _mm256_and_si256(b1, m3f);
+                const vi scale = dot_scale_i8(x->sc[s]);
+                const vi b0 = w_load(x->q[s].b[0], gb);
+                const vi b1 = w_load(x->q[s].b[1], gb);
+                const vi q0 = v_and(b0, m3f), q1 = v_and(b1, m3f);
                 UNROLL
                 for (int r = 0; r < R; r++) {
                     const int8_t *aq = ACT_K(r)->qs + 16 * s;
-                    const __m256i p = dot(dot_first(q0, bcast4(aq)), q1, bcast4(aq + 4));
-                    isum[r] = h ? _mm256_add_epi32(isum[r], dot_apply(p, scale)) : dot_apply(p, scale);
+                    const vi p = dot(dot_first(q0, v_bcast4(aq)), q1, v_bcast4(aq + 4));
+                    isum[r] = h ? v_add32(isum[r], dot_apply(p, scale)) : dot_apply(p, scale);
                 }
-                const __m256i b2 = _mm256_loadu_si256((const __m256i *)x->q[s].b[2]);
-                const __m256i q2 = _mm256_and_si256(b2, m3f);
-                const __m256i q3 = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b0, 6), m03),
-                                                                   _mm256_and_si256(_mm256_srli_epi16(b1, 4), m0c)),
-                                                   _mm256_and_si256(_mm256_srli_epi16(b2, 2), m30));
+                const vi b2 = w_load(x->q[s].b[2], gb);
+                const vi q2 = v_and(b2, m3f);
+                const vi q3 = v_or(v_or(v_and(v_srli16(b0, 6), m03), v_and(v_srli16(b1, 4), m0c)),
+                                   v_and(v_srli16(b2, 2), m30));
                 UNROLL
                 for (int r = 0; r < R; r++) {
                     const int8_t *aq = ACT_K(r)->qs + 16 * s + 8;
-                    const __m256i p = dot(dot_first(q2, bcast4(aq)), q3, bcast4(aq + 4));
-                    isum[r] = _mm256_add_epi32(isum[r], dot_apply(p, scale));
+                    const vi p = dot(dot_first(q2, v_bcast4(aq)), q3, v_bcast4(aq + 4));
+                    isum[r] = v_add32(isum[r], dot_apply(p, scale));
                 }
             }
             /* lanes 2c, 2c+1: 32 sc[2t][c], 32 sc[2t+1][c], against the pair (bsum16[2t], bsum16[2t+1]) */
-            const __m128i sa = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)x->sc[2 * t]));
-            const __m128i sb = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)x->sc[2 * t + 1]));
-            const __m256i off = _mm256_slli_epi16(_mm256_set_m128i(_mm_unpackhi_epi16(sa, sb), _mm_unpacklo_epi16(sa, sb)), 5);
+            const vi off = q6k_offsets(x->sc[2 * t], x->sc[2 * t + 1], gb);
             UNROLL
             for (int r = 0; r < R; r++) {
-                const __m256i v = _mm256_sub_epi32(isum[r], _mm256_madd_epi16(off, bcast4(ACT_K(r)->bsum16 + 2 * t)));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(d, _mm256_set1_ps(ACT_K(r)->d32[t])), acc[r]);
+                const vi v = v_sub32(isum[r], v_madd16(off, v_bcast4(ACT_K(r)->bsum16 + 2 * t)));
+                acc[r] = v_fmadd(v_cvt(v), v_mul(d, v_set1_f(ACT_K(r)->d32[t])), acc[r]);
             }
         }
     }
-    x8_store(acc, R, out, ldo, ncols);
+    v_store(acc, R, out, ldo, ncols);
 }
 
+#if X8_WIDTH == 256
 /* --- Q4_0, Q5_0, Q8_0 (gguf_x8_32.c): the unsigned formats sum 4 steps in int16 (4 x 2 x 31 x
  * 127 = 31496) and take off their offset (8 or 16) times the activation block's exact sum; Q8_0
  * multiplies |w| by the activation with w's sign (vpsignb). */
@@ -227,17 +227,32 @@ INLINE void x32_tile(const int type, const uint8_t *w, int nb, const uint8_t *ac
     x8_store(acc, R, out, ldo, ncols);
 }
 
+#endif
+
 /* One instantiation per (format, rows): R is a compile-time constant inside each, so the row
- * arrays live in registers. Then the group_fn of each format: any number of rows, X8_ROWS at a time. */
-#define X8_Q4K(R) q4k_tile(w, nb, act, stride, R, out, ldo, ncols)
-#define X8_Q6K(R) q6k_tile(w, nb, act, stride, R, out, ldo, ncols)
-#define X8_Q4_0(R) x32_tile(T_Q4_0, w, nb, act, stride, R, out, ldo, ncols)
-#define X8_Q5_0(R) x32_tile(T_Q5_0, w, nb, act, stride, R, out, ldo, ncols)
-#define X8_Q8_0(R) x32_tile(T_Q8_0, w, nb, act, stride, R, out, ldo, ncols)
+ * arrays live in registers. Then the group_fn (pair_fn) of each format: any number of rows,
+ * X8_ROWS at a time. */
+#define X8_Q4K(R) q4k_tile(w, gb, nb, act, stride, R, out, ldo, ncols)
+#define X8_Q6K(R) q6k_tile(w, gb, nb, act, stride, R, out, ldo, ncols)
 
 #if X8_ROWS != 6 && X8_ROWS != 8
 #error "X8_ROWS: tiles are instantiated for 6 or 8 rows"
 #endif
+#if X8_WIDTH == 512
+X8_PAIR_ROWS(x8_q4k, X8_Q4K, X8_ROWS)
+X8_PAIR_ROWS(x8_q6k, X8_Q6K, X8_ROWS)
+
+pair_fn X8_GROUP_FN(int type) {
+    switch (type) {
+    case T_Q4_K: return x8_q4k;
+    case T_Q6_K: return x8_q6k;
+    default: return NULL;
+    }
+}
+#else
+#define X8_Q4_0(R) x32_tile(T_Q4_0, w, nb, act, stride, R, out, ldo, ncols)
+#define X8_Q5_0(R) x32_tile(T_Q5_0, w, nb, act, stride, R, out, ldo, ncols)
+#define X8_Q8_0(R) x32_tile(T_Q8_0, w, nb, act, stride, R, out, ldo, ncols)
 #define X8_GROUP(name, call) X8_GROUP_ROWS(name, call, X8_ROWS)
 X8_GROUP(x8_q4k, X8_Q4K)
 X8_GROUP(x8_q6k, X8_Q6K)
@@ -255,3 +270,4 @@ group_fn X8_GROUP_FN(int type) {
     default: return NULL;
     }
 }
+#endif
