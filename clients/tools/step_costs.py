@@ -120,13 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         roles["draft"] = args.draft_model
     table: dict[str, dict[str, dict[str, float]]] = {}
     for role, source in roles.items():
-        loaded = load_model(source, role=role, profile=DeviceProfile.decide(device, args.dtype, "none"),
-                            cache_dir=default_cache_dir(), progress=True)
-        for mode in modes:
+        for mode in modes:  # loaded for each mode, as a server of that mode loads it (gguf: the file's own blocks)
+            loaded = load_model(source, role=role, profile=DeviceProfile.decide(device, args.dtype, mode),
+                                cache_dir=default_cache_dir(), progress=True)
             print(f"timing {role} {loaded.name} quantize={mode} ...", file=sys.stderr, flush=True)
             table[f"{role} {loaded.name} {mode}"] = measure(loaded, mode, args.context, args.tokens, args.repeats, args.stat)
-        del loaded
-        gc.collect()
+            del loaded
+            gc.collect()
 
     shapes = [f"1x{n}" for n in args.tokens] + [f"{r}x{n}" for r, n in BATCHES if r > 1]
     print(f"\n{args.stat} ms per forward over {args.repeats} interleaved rounds, {args.context} tokens cached per request;"

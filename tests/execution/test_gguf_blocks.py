@@ -192,11 +192,11 @@ def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype, bits, i
 @pytest.mark.parametrize("qtype, bits", KERNELS, ids=KERNEL_IDS)
 def test_the_vector_sets_give_every_output_the_same_bits(qtype, bits):
     """AVX-512 VNNI sums the same exact integers as AVX2 (one vpdpbusd where AVX2 takes
-    vpmaddubsw, an int16 add and vpmaddwd) and shares every float step (gguf_x8_tiles.h); AMX-INT8's
-    tile products (csrc/gguf_amx.c: two 8-column groups at a time from 5 rows, two sub-blocks a
-    product up to 8 rows, 16 rows a tile beyond) sum them too and apply the same float steps. So a
-    layer prepared once gives the same bits on every set, for 1..33 rows, on 1 and 2 threads (a
-    lone group; the last group of 5 columns paired with the one before it)."""
+    vpmaddubsw, an int16 add and vpmaddwd) and shares every float step (gguf_x8_tiles.h); the AMX
+    set's 512-bit tiles (two 8-column groups a register, up to 10 rows) are the same template, and
+    its tile products (csrc/gguf_amx.c, from 11 rows, 16 a tile) sum the same integers and apply
+    the same float steps. So a layer prepared once gives the same bits on every set, for 1..33
+    rows, on 1 and 2 threads (a lone group; the last group of 5 columns paired with the one before it)."""
     sets = [name for name in gguf_kernels.runnable_kernels() if name != "portable"]
     if len(sets) < 2:
         pytest.skip(f"this CPU runs one vector set (it has: {' '.join(gguf_kernels.cpu_features())})")

@@ -84,9 +84,10 @@ tile_fn sd_scalar_act16_tile(int type);
  * runs). A set runs its own kernels where it has them and the next set's elsewhere: AVX-512 VNNI
  * has the repacked formats' tiles and Q8_0's with 16-bit activations (gguf_vnni.c), and takes
  * AVX2's for the rest; AMX-INT8 has tile products for repacked Q4_K, Q6_K and Q8_0 times
- * AMX_MIN_ROWS rows or more (gguf_amx.c), and takes VNNI's for the rest. */
+ * AMX_MIN_ROWS rows or more (gguf_amx.c) and the 512-bit VNNI tiles for fewer rows of Q4_K and
+ * Q6_K (gguf_vnni512.c), and takes the VNNI set's for the rest. */
 enum { SD_IMPL_PORTABLE = 1, SD_IMPL_AVX2 = 2, SD_IMPL_VNNI = 3, SD_IMPL_AMX = 4 };
-#define AMX_MIN_ROWS 9
+#define AMX_MIN_ROWS 11 /* below it the 512-bit VNNI tiles are as fast (a tile step's fixed cost) */
 int sd_gguf_set_impl(int which);
 int sd_kernel_impl(void);
 /* 1 where the portable scalar kernels run (no AVX2/FMA/F16C, or a test asked for them). */
