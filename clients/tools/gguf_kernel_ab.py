@@ -13,6 +13,7 @@ in a model step. Prints median (min) ms per call, B/A, and B's GB/s of weight by
     python clients/tools/gguf_kernel_ab.py --base main --threads 1
     python clients/tools/gguf_kernel_ab.py --base HEAD~2 --types Q6_K --repeats 31
     python clients/tools/gguf_kernel_ab.py --sets avx2,avx512-vnni --threads 2
+    python clients/tools/gguf_kernel_ab.py --sets avx512-vnni,amx-int8 --rows 1,5,9,16,512
     python clients/tools/gguf_kernel_ab.py --base HEAD~1 --types Q8_0-act16 --threads 2 --set avx2
 """
 
@@ -97,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=21)
     p.add_argument("--types", default="Q4_K,Q6_K", help="comma list of the GGML types to time")
+    p.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma list of M (activation rows) to time")
     args = p.parse_args(argv)
+    rows = tuple(int(m) for m in args.rows.split(","))
     import numpy as np
     import torch
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         kind = int(qtype) | (ACT16 if type_name.endswith("-act16") else 0)
         weights = {name: [prepare(lib, kind, r, n, k) for r in raws] for name, (lib, _) in libs.items()}
         del raws
-        for m in ROWS:
+        for m in rows:
             if m > 16 and label.startswith("head"):
                 continue
             x = torch.randn(m, k)

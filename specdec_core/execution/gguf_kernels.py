@@ -216,7 +216,7 @@ def thread_pool(own: bool | None = None) -> str:
 
 
 def vectorized() -> bool:
-    """True when the kernels can run here and the active set is a vector one (AVX2, AVX-512 VNNI;
+    """True when the kernels can run here and the active set is a vector one (AVX2, AVX-512 VNNI, AMX;
     the portable C kernels are correct everywhere but not faster than int8, so ``--quantize auto``
     skips them)."""
     try:

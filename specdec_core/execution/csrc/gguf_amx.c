@@ -83,7 +83,6 @@ INLINE void store_rows(const __m512 *acc, int R, float *out, size_t ldo, int nco
         if (r < R) _mm512_mask_storeu_ps(out + r * ldo, keep, acc[r]);
 }
 
-#define ACT_K(r) ((const act_k *)(act + (size_t)(r) * stride) + b)
 #define ACT_32(r) ((const act_32 *)(act + (size_t)(r) * stride) + b)
 
 /* One tile product: C (tile tc) = A (ta: 16 activation rows from a) x B (tb, from wb, rows of 64
@@ -101,13 +100,13 @@ INLINE void store_rows(const __m512 *acc, int R, float *out, size_t ldo, int nco
  * 3, 4: 16 rows of int32 sums, c_bytes. Two sets, so that one product need not wait for the
  * other. The activation rows past the call's are padding (sd_gguf_gemm allocates them); their
  * sums are never read. */
-static void configure(int a_bytes, int b_rows, int b_bytes, int c_bytes, int b_tiles) {
+static void configure(int a_bytes, int b_rows, int b_bytes, int c_bytes, int b_tile0, int b_tile1) {
     tile_config c = {.palette = 1};
     c.rows[0] = c.rows[2] = c.rows[3] = c.rows[4] = TILE_ROWS;
     c.colsb[0] = c.colsb[2] = (uint16_t)a_bytes;
     c.colsb[3] = c.colsb[4] = (uint16_t)c_bytes;
-    c.rows[b_tiles >> 4] = c.rows[b_tiles & 15] = (uint8_t)b_rows;
-    c.colsb[b_tiles >> 4] = c.colsb[b_tiles & 15] = (uint16_t)b_bytes;
+    c.rows[b_tile0] = c.rows[b_tile1] = (uint8_t)b_rows;
+    c.colsb[b_tile0] = c.colsb[b_tile1] = (uint16_t)b_bytes;
     _tile_loadconfig(&c);
 }
 
@@ -124,7 +123,7 @@ static void amx_q4k(const uint8_t *w, int64_t gb, int nb, const uint8_t *act, si
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const int tiles = (n_rows + TILE_ROWS - 1) / TILE_ROWS;
     __m512 acc[TILE_ROWS] = {0};
-    configure(32, 8, 64, 64, 0x15);
+    configure(32, 8, 64, 64, 1, 5);
     for (int b = 0; b < nb; b++) {
         const q4k_x8 *x0 = (const q4k_x8 *)w + b, *x1 = (const q4k_x8 *)(w + gb) + b;
         for (int s = 0; s < 8; s++) {
@@ -181,7 +180,7 @@ static void amx_q6k(const uint8_t *w, int64_t gb, int nb, const uint8_t *act, si
                   m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
     const int tiles = (n_rows + TILE_ROWS - 1) / TILE_ROWS;
     __m512 acc[TILE_ROWS] = {0};
-    configure(16, 4, 64, 64, 0x15);
+    configure(16, 4, 64, 64, 1, 5);
     for (int b = 0; b < nb; b++) {
         const q6k_x8 *x0 = (const q6k_x8 *)w + b, *x1 = (const q6k_x8 *)(w + gb) + b;
         for (int s = 0; s < 16; s++) {
@@ -235,7 +234,7 @@ static void amx_q8_0(const uint8_t *w, int64_t gb, int nb, const uint8_t *act, s
     const uint8_t *w1 = w + gb;
     _Alignas(64) int32_t sums[Q8_0_BATCH][TILE_ROWS * 16];
     __m512 acc[TILE_ROWS] = {0};
-    configure(32, 8, 32, 32, 0x12);
+    configure(32, 8, 32, 32, 1, 2);
     for (int r0 = 0; r0 < n_rows; r0 += TILE_ROWS, act += TILE_ROWS * stride, out += TILE_ROWS * ldo) {
         const int R = n_rows - r0 < TILE_ROWS ? n_rows - r0 : TILE_ROWS;
         load_rows(acc, R, out, ldo, ncols, 1);
