@@ -96,6 +96,20 @@ INLINE void store_rows(const __m512 *acc, int R, float *out, size_t ldo, int nco
         _tile_stored(tc, sums, 64);                           \
     } while (0)
 
+/* Tile of rows t of a call: its activation rows `at`, output rows `ot`, and R <= 16 of them. */
+#define TILE_OF_ROWS(t)                                                 \
+    const uint8_t *at = act + (size_t)(t) * TILE_ROWS * stride;     \
+    float *ot = out + (size_t)(t) * TILE_ROWS * ldo;                \
+    const int R = n_rows - (t) * TILE_ROWS < TILE_ROWS ? n_rows - (t) * TILE_ROWS : TILE_ROWS
+
+/* The n sub-blocks of super-block b (bytes values each) of tile of rows `at` times wbuf[s] into
+ * sums[s], on the two sets of tiles by turns. */
+#define SUB_BLOCK_PRODUCTS(n, bytes, dot)                                                                          \
+    for (int s = 0; s < (n); s += 2) {                                                                             \
+        TILE_PRODUCT(0, 1, 3, ((const act_k *)at + b)->qs + (bytes) * s, wbuf[s], 64, sums[s], dot);              \
+        TILE_PRODUCT(2, 5, 4, ((const act_k *)at + b)->qs + (bytes) * (s + 1), wbuf[s + 1], 64, sums[s + 1], dot); \
+    }
+
 /* Tiles 0, 2: 16 activation rows of a_bytes; 1, 5 (Q8_0: 1, 2): weights, b_rows of b_bytes;
  * 3, 4: 16 rows of int32 sums, c_bytes. Two sets, so that one product need not wait for the
  * other. The activation rows past the call's are padding (sd_gguf_gemm allocates them); their
@@ -136,13 +150,8 @@ static void amx_q4k(const uint8_t *w, int64_t gb, int nb, const uint8_t *act, si
         }
         const __m512 d = halves(x0->d, x1->d), dmin = halves(x0->dmin, x1->dmin);
         for (int t = 0; t < tiles; t++) {
-            const uint8_t *at = act + (size_t)t * TILE_ROWS * stride;
-            float *ot = out + (size_t)t * TILE_ROWS * ldo;
-            const int R = n_rows - t * TILE_ROWS < TILE_ROWS ? n_rows - t * TILE_ROWS : TILE_ROWS;
-            for (int s = 0; s < 8; s += 2) {
-                TILE_PRODUCT(0, 1, 3, ((const act_k *)at + b)->qs + 32 * s, wbuf[s], 64, sums[s], dpbsud);
-                TILE_PRODUCT(2, 5, 4, ((const act_k *)at + b)->qs + 32 * s + 32, wbuf[s + 1], 64, sums[s + 1], dpbsud);
-            }
+            TILE_OF_ROWS(t);
+            SUB_BLOCK_PRODUCTS(8, 32, dpbsud);
             if (tiles > 1 || b == 0) load_rows(acc, R, ot, ldo, ncols, b == 0);
             for (int s = 0; s < 8; s++) {
                 const __m512 sc = scales_u8(x0->sc[s], x1->sc[s]);
@@ -196,13 +205,8 @@ static void amx_q6k(const uint8_t *w, int64_t gb, int nb, const uint8_t *act, si
         }
         const __m512 d = halves(x0->d, x1->d);
         for (int t = 0; t < tiles; t++) {
-            const uint8_t *at = act + (size_t)t * TILE_ROWS * stride;
-            float *ot = out + (size_t)t * TILE_ROWS * ldo;
-            const int R = n_rows - t * TILE_ROWS < TILE_ROWS ? n_rows - t * TILE_ROWS : TILE_ROWS;
-            for (int s = 0; s < 16; s += 2) {
-                TILE_PRODUCT(0, 1, 3, ((const act_k *)at + b)->qs + 16 * s, wbuf[s], 64, sums[s], dpbssd);
-                TILE_PRODUCT(2, 5, 4, ((const act_k *)at + b)->qs + 16 * s + 16, wbuf[s + 1], 64, sums[s + 1], dpbssd);
-            }
+            TILE_OF_ROWS(t);
+            SUB_BLOCK_PRODUCTS(16, 16, dpbssd);
             if (tiles > 1 || b == 0) load_rows(acc, R, ot, ldo, ncols, b == 0);
             for (int t2 = 0; t2 < 8; t2++) {
                 const __m512 sc0 = scales_i8(x0->sc[2 * t2], x1->sc[2 * t2]);
