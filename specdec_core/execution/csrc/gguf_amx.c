@@ -30,11 +30,13 @@
 #include <string.h>
 
 #include "gguf_kernels.h"
-#include "gguf_x8_layouts.h"
 
-#define INLINE static inline __attribute__((always_inline))
+#include "gguf_x8_common.h"
+#include "gguf_x8_layouts.h"
+#define X8_WIDTH 512 /* the pair loads and stores of the 512-bit tiles (gguf_x8_vec.h) */
+#include "gguf_x8_vec.h"
+
 #define UNROLL16 _Pragma("GCC unroll 16")
-#define UNROLL8 _Pragma("GCC unroll 8")
 #define TILE_ROWS AMX_TILE_ROWS
 
 /* The tile registers' shapes (LDTILECFG's 64-byte operand, palette 1). */
@@ -44,43 +46,15 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
-/* 32 bytes of group g and the same 32 of group g + 1, as one register (columns 0-7, then 8-15). */
-INLINE __m512i pair32(const void *p0, const void *p1) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
-                              _mm256_loadu_si256((const __m256i *)p1), 1);
-}
-
-/* 8 byte scales of each group as 16 floats. */
-INLINE __m512 scales_u8(const uint8_t *p0, const uint8_t *p1) {
-    const __m128i b = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p0), _mm_loadl_epi64((const __m128i *)p1));
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
-}
-INLINE __m512 scales_i8(const int8_t *p0, const int8_t *p1) {
-    const __m128i b = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p0), _mm_loadl_epi64((const __m128i *)p1));
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
-}
-
-/* 8 fp16 values of each group as 16 floats. */
-INLINE __m512 halves(const uint16_t *p0, const uint16_t *p1) {
-    return _mm512_cvtph_ps(_mm256_set_m128i(_mm_loadu_si128((const __m128i *)p1), _mm_loadu_si128((const __m128i *)p0)));
-}
-
 /* The rows' accumulators: in registers when the call has one tile of rows; with more, each tile
- * of rows keeps its accumulators in its output rows between super-blocks (the weights are
- * unpacked once a super-block for every tile of rows, and each output still goes through the
- * same float operations in the same order). */
+ * of rows keeps its accumulators in its output rows between super-blocks (v_store puts them
+ * there; the weights are unpacked once a super-block for every tile of rows, and each output
+ * still goes through the same float operations in the same order). */
 INLINE void load_rows(__m512 *acc, int R, const float *out, size_t ldo, int ncols, int first) {
     const __mmask16 keep = (__mmask16)((1u << (8 + ncols)) - 1);
     UNROLL16
     for (int r = 0; r < TILE_ROWS; r++)
         if (r < R) acc[r] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(keep, out + r * ldo);
-}
-
-INLINE void store_rows(const __m512 *acc, int R, float *out, size_t ldo, int ncols) {
-    const __mmask16 keep = (__mmask16)((1u << (8 + ncols)) - 1);
-    UNROLL16
-    for (int r = 0; r < TILE_ROWS; r++)
-        if (r < R) _mm512_mask_storeu_ps(out + r * ldo, keep, acc[r]);
 }
 
 #define ACT_32(r) ((const act_32 *)(act + (size_t)(r) * stride) + b)
@@ -139,22 +113,22 @@ static void amx_q4k(const uint8_t *w, int64_t gb, int nb, const uint8_t *act, si
     __m512 acc[TILE_ROWS] = {0};
     configure(32, 8, 64, 64, 1, 5);
     for (int b = 0; b < nb; b++) {
-        const q4k_x8 *x0 = (const q4k_x8 *)w + b, *x1 = (const q4k_x8 *)(w + gb) + b;
+        const q4k_x8 *x = (const q4k_x8 *)w + b; /* the next group's block is gb further */
         for (int s = 0; s < 8; s++) {
             for (int u = 0; u < 4; u++) { /* B row u: values 4u..4u+3 (low nibbles); row 4 + u: 16 + 4u.. */
-                const __m512i p = pair32(x0->qs[s][u], x1->qs[s][u]);
+                const __m512i p = w_load(x->qs[s][u], gb);
                 _mm512_store_si512(wbuf[s] + 64 * u, _mm512_and_si512(p, m4));
                 _mm512_store_si512(wbuf[s] + 64 * (4 + u), _mm512_and_si512(_mm512_srli_epi16(p, 4), m4));
             }
-            _mm512_store_ps(mins[s], scales_u8(x0->mn[s], x1->mn[s]));
+            _mm512_store_ps(mins[s], v_cvt(w_u8_to32(x->mn[s], gb)));
         }
-        const __m512 d = halves(x0->d, x1->d), dmin = halves(x0->dmin, x1->dmin);
+        const __m512 d = w_halves(x->d, gb), dmin = w_halves(x->dmin, gb);
         for (int t = 0; t < tiles; t++) {
             TILE_OF_ROWS(t);
             SUB_BLOCK_PRODUCTS(8, 32, dpbsud);
             if (tiles > 1 || b == 0) load_rows(acc, R, ot, ldo, ncols, b == 0);
             for (int s = 0; s < 8; s++) {
-                const __m512 sc = scales_u8(x0->sc[s], x1->sc[s]);
+                const __m512 sc = v_cvt(w_u8_to32(x->sc[s], gb));
                 UNROLL16
                 for (int r = 0; r < TILE_ROWS; r++) {
                     if (r >= R) break;
@@ -168,11 +142,11 @@ static void amx_q4k(const uint8_t *w, int64_t gb, int nb, const uint8_t *act, si
                 if (r >= R) break;
                 const act_k *a = (const act_k *)(at + r * stride) + b;
                 __m512 msum = _mm512_setzero_ps();
-                UNROLL8
+                UNROLL
                 for (int s = 0; s < 8; s++) msum = _mm512_fmadd_ps(_mm512_load_ps(mins[s]), _mm512_set1_ps(a->s32[s]), msum);
                 acc[r] = _mm512_fnmadd_ps(msum, dmin, acc[r]);
             }
-            if (tiles > 1 || b == nb - 1) store_rows(acc, R, ot, ldo, ncols);
+            if (tiles > 1 || b == nb - 1) v_store(acc, R, ot, ldo, ncols);
         }
     }
     _tile_release();
@@ -191,10 +165,9 @@ static void amx_q6k(const uint8_t *w, int64_t gb, int nb, const uint8_t *act, si
     __m512 acc[TILE_ROWS] = {0};
     configure(16, 4, 64, 64, 1, 5);
     for (int b = 0; b < nb; b++) {
-        const q6k_x8 *x0 = (const q6k_x8 *)w + b, *x1 = (const q6k_x8 *)(w + gb) + b;
+        const q6k_x8 *x = (const q6k_x8 *)w + b; /* the next group's block is gb further */
         for (int s = 0; s < 16; s++) {
-            const __m512i b0 = pair32(x0->q[s].b[0], x1->q[s].b[0]), b1 = pair32(x0->q[s].b[1], x1->q[s].b[1]),
-                          b2 = pair32(x0->q[s].b[2], x1->q[s].b[2]);
+            const __m512i b0 = w_load(x->q[s].b[0], gb), b1 = w_load(x->q[s].b[1], gb), b2 = w_load(x->q[s].b[2], gb);
             const __m512i q3 = _mm512_or_si512(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b0, 6), m03),
                                                                _mm512_and_si512(_mm512_srli_epi16(b1, 4), m0c)),
                                                _mm512_and_si512(_mm512_srli_epi16(b2, 2), m30));
@@ -203,14 +176,14 @@ static void amx_q6k(const uint8_t *w, int64_t gb, int nb, const uint8_t *act, si
             _mm512_store_si512(wbuf[s] + 128, _mm512_sub_epi8(_mm512_and_si512(b2, m3f), k32));
             _mm512_store_si512(wbuf[s] + 192, _mm512_sub_epi8(q3, k32));
         }
-        const __m512 d = halves(x0->d, x1->d);
+        const __m512 d = w_halves(x->d, gb);
         for (int t = 0; t < tiles; t++) {
             TILE_OF_ROWS(t);
             SUB_BLOCK_PRODUCTS(16, 16, dpbssd);
             if (tiles > 1 || b == 0) load_rows(acc, R, ot, ldo, ncols, b == 0);
             for (int t2 = 0; t2 < 8; t2++) {
-                const __m512 sc0 = scales_i8(x0->sc[2 * t2], x1->sc[2 * t2]);
-                const __m512 sc1 = scales_i8(x0->sc[2 * t2 + 1], x1->sc[2 * t2 + 1]);
+                const __m512 sc0 = v_cvt(w_i8_to32(x->sc[2 * t2], gb));
+                const __m512 sc1 = v_cvt(w_i8_to32(x->sc[2 * t2 + 1], gb));
                 UNROLL16
                 for (int r = 0; r < TILE_ROWS; r++) {
                     if (r >= R) break;
@@ -221,7 +194,7 @@ static void amx_q6k(const uint8_t *w, int64_t gb, int nb, const uint8_t *act, si
                     acc[r] = _mm512_fmadd_ps(v, _mm512_mul_ps(d, _mm512_set1_ps(da)), acc[r]);
                 }
             }
-            if (tiles > 1 || b == nb - 1) store_rows(acc, R, ot, ldo, ncols);
+            if (tiles > 1 || b == nb - 1) v_store(acc, R, ot, ldo, ncols);
         }
     }
     _tile_release();
@@ -258,7 +231,7 @@ static void amx_q8_0(const uint8_t *w, int64_t gb, int nb, const uint8_t *act, s
             }
             for (int i = 0; i < n; i++) {
                 const int b = b0 + i;
-                const __m512 d = halves((const uint16_t *)(w + b * bb), (const uint16_t *)(w1 + b * bb));
+                const __m512 d = w_halves(w + b * bb, gb);
                 UNROLL16
                 for (int r = 0; r < TILE_ROWS; r++) {
                     if (r >= R) break;
@@ -267,7 +240,7 @@ static void amx_q8_0(const uint8_t *w, int64_t gb, int nb, const uint8_t *act, s
                 }
             }
         }
-        store_rows(acc, R, out, ldo, ncols);
+        v_store(acc, R, out, ldo, ncols);
     }
     _tile_release();
 }

@@ -224,10 +224,13 @@ int sd_gguf_gemm(int type, const uint8_t *w, int64_t n, int64_t k, const float *
         const int vnni = sd_kernel_impl() >= SD_IMPL_VNNI, base = type & 0xff;
         group = act16 ? (vnni ? sd_vnni_act16_group(base) : sd_avx2_act16_group(base))
                       : (vnni ? sd_vnni_x8_group(base) : sd_avx2_x8_group(base));
-        if (sd_kernel_impl() == SD_IMPL_AMX && !act16 && m >= AMX_MIN_ROWS && (pair = sd_amx_x8_pair(base)))
-            padded = (m + AMX_TILE_ROWS - 1) / AMX_TILE_ROWS * AMX_TILE_ROWS;
-        else if (sd_kernel_impl() == SD_IMPL_AMX && !act16)
-            pair = sd_vnni512_x8_pair(base);
+        if (sd_kernel_impl() == SD_IMPL_AMX && !act16) {
+            pair = m >= AMX_MIN_ROWS ? sd_amx_x8_pair(base) : NULL;
+            if (pair)
+                padded = (m + AMX_TILE_ROWS - 1) / AMX_TILE_ROWS * AMX_TILE_ROWS;
+            else
+                pair = sd_vnni512_x8_pair(base);
+        }
 #endif
     }
     const int64_t row_bytes = sd_gguf_row_bytes(type & 0xff, k);
