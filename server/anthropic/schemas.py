@@ -4,7 +4,8 @@ Only the Messages API's own shapes are checked here, each error naming the Anthr
 (``messages[1].content[0].tool_use_id``); ``server.anthropic.translate`` then makes the
 ``ChatCompletionRequest`` chat validates, and the rest is chat's path.
 
-Accepted without effect (docs/api.md): ``cache_control`` on any block or tool (the prefix cache
+``system``-role messages inside ``messages`` are accepted (Claude Code sends them), as vLLM and
+SGLang do. Accepted without effect (docs/api.md): ``cache_control`` on any block or tool (the prefix cache
 needs no marks), ``thinking`` (the served models do not think), ``metadata``, ``service_tier``,
 ``citations: null``, ``output_config.effort``. ``output_config.format`` (JSON schema) constrains the
 answer as chat's ``response_format`` does. Refused by name (``unsupported_parameter``): content blocks other than
@@ -97,12 +98,17 @@ Blocks = Annotated[list[AnthropicContentBlock],
 
 
 class AnthropicMessage(Schema):
-    role: Literal["user", "assistant"]
+    """A turn. ``system`` messages may stand anywhere in ``messages`` (Claude Code puts its
+    environment and reminders there); they hold text blocks only."""
+
+    role: Literal["user", "assistant", "system"]
     content: Blocks
 
     @model_validator(mode="after")
     def _blocks_fit_the_role(self) -> AnthropicMessage:
         kinds = {block.type for block in self.content}
+        if self.role == "system" and kinds - {"text"}:
+            raise invalid("is a system message, which holds text blocks only.")
         if self.role == "user" and "tool_use" in kinds:
             raise invalid("has a 'tool_use' block, which only assistant messages may have.")
         if self.role == "assistant" and "tool_result" in kinds:
@@ -194,10 +200,6 @@ class MessagesPrompt(Schema):
         if len(set(names)) != len(names):
             raise invalid("names a tool twice.")
         return value
-
-    @property
-    def system_text(self) -> str:
-        return "".join(block.text for block in self.system or [])
 
 
 class MessagesRequest(MessagesPrompt):

@@ -4,7 +4,15 @@ Anthropic puts a turn's tool calls and tool results inside its messages as block
 as an assistant message's ``tool_calls`` and as ``tool`` messages. An assistant message becomes
 one chat message (its text, its ``tool_use`` blocks as calls, their ``input`` as JSON text); a
 user message becomes a ``tool`` message per ``tool_result`` block (results first: they answer the
-calls just before), then its text, if any, as a user message. ``system`` is the first message.
+calls just before), then its text, if any, as a user message. ``system`` is the first message;
+a ``system`` message inside ``messages`` stays where it stands (the prompt renderer merges it into
+the first one for a chat template that takes a leading system message only).
+
+Claude Code starts ``system`` with a block ``x-anthropic-billing-header: cc_version=...; cch=...;``
+whose ``cch`` changes with every request. It means nothing to a local model, and at the very start
+of the prompt it would make every request miss the prefix cache, so a leading system block that
+starts with ``x-anthropic-billing-header:`` is left out of the prompt (``count_tokens`` too), as
+llama.cpp does.
 ``tool_choice`` maps ``auto``/``none`` as is, ``any`` to ``required``, ``tool`` to a named function,
 ``disable_parallel_tool_use`` to ``parallel_tool_calls: false``.
 """
@@ -14,12 +22,25 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from server.anthropic.schemas import MessagesPrompt, MessagesRequest
+from server.anthropic.schemas import AnthropicTextBlock, MessagesPrompt, MessagesRequest
+
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def system_text(blocks: list[AnthropicTextBlock]) -> str:
+    """The ``system`` field's text, without Claude Code's billing header (see module docstring)."""
+    if blocks and blocks[0].text.startswith(BILLING_HEADER):
+        blocks = blocks[1:]
+    return "".join(block.text for block in blocks)
 
 
 def chat_messages(req: MessagesPrompt) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [{"role": "system", "content": req.system_text}] if req.system_text else []
+    system = system_text(req.system or [])
+    out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     for message in req.messages:
+        if message.role == "system":
+            out.append({"role": "system", "content": message.text})
+            continue
         if message.role == "assistant":
             entry: dict[str, Any] = {"role": "assistant", "content": message.text}
             calls = [{"id": block.id, "type": "function",

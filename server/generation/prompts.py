@@ -64,6 +64,42 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
+# A probe conversation with a system message after the first turn; the markers are what to look for.
+_PROBE_ANSWER, _PROBE_SYSTEM = "specdec-probe-answer", "specdec-probe-later-system"
+_PROBE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+          {"role": "assistant", "content": _PROBE_ANSWER}, {"role": "system", "content": _PROBE_SYSTEM},
+          {"role": "user", "content": "v"}]
+_later_system_renders: dict[str, bool] = {}  # by template text: a server has one or two templates
+
+
+def later_system_messages_render(tokenizer: Any) -> bool:
+    """Whether the chat template renders a system message after the first turn where it stands
+    (Qwen2.5's, Llama 3's, SmolLM2's do; Gemma's raises on it, others drop it). Found once per
+    template by rendering a probe conversation."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str):
+        return True
+    known = _later_system_renders.get(template)
+    if known is None:
+        try:
+            text = tokenizer.apply_chat_template(_PROBE, tokenize=False, add_generation_prompt=True)
+        except Exception:  # jinja2 TemplateError / raise_exception(): it does not take one there
+            text = ""
+        known = isinstance(text, str) and _PROBE_SYSTEM in text.partition(_PROBE_ANSWER)[2]
+        _later_system_renders[template] = known
+    return known
+
+
+def leading_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation with every system message's text joined, in order, into one system message
+    in front: for a template that takes only a leading one (Claude Code's and Codex's later system
+    and developer messages would otherwise be a 400)."""
+    systems = [m["content"] for m in messages if m["role"] == "system"]
+    if not systems or (len(systems) == 1 and messages[0]["role"] == "system"):
+        return messages
+    return [{"role": "system", "content": "\n\n".join(systems)}, *(m for m in messages if m["role"] != "system")]
+
+
 def render_chat(
     tokenizer: Any, messages: list[dict[str, Any]], *, special_tokens_in_content: bool,
     template_kwargs: dict[str, Any] | None = None,

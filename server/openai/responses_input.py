@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.generation.output_items import new_id
+from server.openai.responses_tools import ResponsesTools, custom_arguments, joined_name
 from server.openai.schemas.responses import InputItem, ResponsesRequest
 
 
@@ -32,8 +33,22 @@ class ConversationItem:
     arguments: str | None = None
 
     @classmethod
-    def of(cls, item: InputItem) -> ConversationItem:
-        return cls(item.type, item.role, item.text, item.call_id, item.name, item.arguments)
+    def of(cls, item: InputItem) -> ConversationItem | None:
+        """The item in chat's terms: a custom tool's call is a call of the function it is offered
+        as, a namespaced tool's call names the joined function (``server.openai.responses_tools``);
+        None for a reasoning item (not part of the prompt)."""
+        if item.type == "reasoning":
+            return None
+        if item.type in ("function_call", "custom_tool_call"):
+            arguments = item.arguments if item.type == "function_call" else custom_arguments(item.input or "")
+            return cls("function_call", call_id=item.call_id, name=joined_name(item.namespace, item.name or ""),
+                       arguments=arguments)
+        kind = "message" if item.type == "message" else "function_call_output"
+        return cls(kind, item.role, item.text, item.call_id)
+
+
+def conversation_of(items: Iterable[InputItem]) -> list[ConversationItem]:
+    return [c for c in map(ConversationItem.of, items) if c is not None]
 
 
 def chat_messages(items: Iterable[ConversationItem]) -> list[dict[str, Any]]:
@@ -54,28 +69,27 @@ def chat_messages(items: Iterable[ConversationItem]) -> list[dict[str, Any]]:
     return out
 
 
-def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
+def chat_body(req: ResponsesRequest, tools: ResponsesTools, messages: list[dict[str, Any]]) -> dict[str, Any]:
     """The chat request for ``messages`` with this body's sampling, tools and format. ``tool_choice``
     "auto"/"none" and ``parallel_tool_calls`` without tools are dropped (they mean nothing then;
     chat refuses them), a forcing one is left for chat to refuse. ``text.format`` shapes the
     answer's text; an answer forced to be a call has none, so a forcing ``tool_choice`` decodes
     under the call grammar alone (the Agents SDK sends both when an agent has an output type;
     chat, whose ``response_format`` is the whole answer, refuses the pair)."""
-    forcing = req.tools and (req.tool_choice == "required" or isinstance(req.tool_choice, dict))
+    forcing = tools.served and (req.tool_choice == "required" or isinstance(req.tool_choice, dict))
     body: dict[str, Any] = {
         "model": req.model, "messages": messages, "max_tokens": req.max_output_tokens,
         "temperature": req.temperature, "top_p": req.top_p, "user": req.user, "seed": req.seed, "top_k": req.top_k,
         "speculative": req.speculative, "num_speculative_tokens": req.num_speculative_tokens, "cache_salt": req.cache_salt,
         "response_format": {"type": "text"} if forcing else _response_format(req),
     }
-    if req.tools:
-        body["tools"] = [{"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)}
-                         for tool in req.tools]
+    if tools.served:
+        body["tools"] = tools.chat_tools()
         body["parallel_tool_calls"] = req.parallel_tool_calls
     choice = req.tool_choice
     if isinstance(choice, dict):
         body["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
-    elif choice is not None and (req.tools or choice == "required"):
+    elif choice is not None and (tools.served or choice == "required"):
         body["tool_choice"] = choice
     return body
 
@@ -88,21 +102,30 @@ def _response_format(req: ResponsesRequest) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {k: v for k, v in spec.items() if v is not None}}
 
 
+ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "custom_tool_call": "ctc",
+               "custom_tool_call_output": "ctco", "reasoning": "rs"}
+
+
 def listed_items(items: list[InputItem]) -> list[dict[str, Any]]:
     """This request's input items as ``GET /v1/responses/{id}/input_items`` lists them: each with an
     id (the client's, or a new one) and a status, messages' text in typed parts."""
     out: list[dict[str, Any]] = []
     for item in items:
+        entry: dict[str, Any] = {"id": item.id or new_id(ID_PREFIXES[item.type]), "type": item.type}
         if item.type == "message":
             kind = "output_text" if item.role == "assistant" else "input_text"
             parts = [{"type": kind, "text": part.text, **({"annotations": []} if kind == "output_text" else {})}
                      for part in item.content or []]
-            out.append({"id": item.id or new_id("msg"), "type": "message", "role": item.role, "content": parts,
-                        "status": item.status or "completed"})
-        elif item.type == "function_call":
-            out.append({"id": item.id or new_id("fc"), "type": "function_call", "call_id": item.call_id, "name": item.name,
-                        "arguments": item.arguments, "status": item.status or "completed"})
+            entry.update(role=item.role, content=parts)
+        elif item.type == "reasoning":
+            entry["summary"] = item.summary or []
+        elif item.type in ("function_call", "custom_tool_call"):
+            entry.update(call_id=item.call_id, name=item.name)
+            if item.namespace is not None:
+                entry["namespace"] = item.namespace
+            entry.update({"arguments": item.arguments} if item.type == "function_call" else {"input": item.input})
         else:
-            out.append({"id": item.id or new_id("fco"), "type": "function_call_output", "call_id": item.call_id,
-                        "output": item.text, "status": item.status or "completed"})
+            entry.update(call_id=item.call_id, output=item.text)
+        entry["status"] = item.status or "completed"
+        out.append(entry)
     return out

@@ -28,7 +28,8 @@ from server.generation.streaming import NamedEvent
 from server.generation.submission import Generation, ends_the_request
 from server.http.errors import APIError
 from server.openai.responses_input import ConversationItem
-from server.openai.schemas.responses import ResponsesRequest
+from server.openai.responses_tools import ResponsesTools, custom_input
+from server.openai.schemas.responses import SERVED_TOOL_TYPES, ResponsesRequest, ResponsesTool
 from server.tools.tool_use import ToolUse
 
 INT64 = 2**63
@@ -46,8 +47,23 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def tool_json(tool: ResponsesTool) -> dict[str, Any]:
+    """A served tool as the response object lists it."""
+    if tool.type == "namespace":
+        return {"type": "namespace", "name": tool.name, "description": tool.description,
+                "tools": [tool_json(inner) for inner in tool.tools or []]}
+    if tool.type == "custom":
+        fmt = tool.format.model_dump(exclude_none=True) if tool.format is not None else {"type": "text"}
+        return {"type": "custom", "name": tool.name, "description": tool.description, "format": fmt}
+    return {"type": "function", "name": tool.name, "description": tool.description,
+            "parameters": json_safe(tool.parameters or {"type": "object", "properties": {}}),
+            "strict": tool.strict if tool.strict is not None else True}
+
+
 def head(response_id: str, model: str, req: ResponsesRequest) -> dict[str, Any]:
-    """The fields of the response object that echo its request (fixed before generation)."""
+    """The fields of the response object that echo its request (fixed before generation): every
+    field OpenAI's object has, the sampling ones this server does not take at their neutral value
+    (the Open Responses spec requires them all). Tools it left out are not listed."""
     fmt = req.text.format
     text_format: dict[str, Any] = {"type": fmt.type}
     if fmt.type == "json_schema":
@@ -62,9 +78,9 @@ def head(response_id: str, model: str, req: ResponsesRequest) -> dict[str, Any]:
         "store": req.store, "temperature": req.temperature, "top_p": req.top_p, "truncation": "disabled",
         "text": {"format": text_format, "verbosity": req.text.verbosity or "medium"},
         "tool_choice": choice, "user": req.user, "background": False, "service_tier": "default",
-        "tools": [{"type": "function", "name": t.name, "description": t.description,
-                   "parameters": json_safe(t.parameters or {"type": "object", "properties": {}}),
-                   "strict": t.strict if t.strict is not None else True} for t in req.tools],
+        "tools": [tool_json(t) for t in req.tools if t.type in SERVED_TOOL_TYPES],
+        "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_logprobs": 0, "max_tool_calls": None,
+        "safety_identifier": req.safety_identifier, "prompt_cache_key": req.prompt_cache_key,
     }
 
 
@@ -82,12 +98,24 @@ def text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def item_json(item: OutputItem, item_id: str, status: str) -> dict[str, Any]:
+def item_json(item: OutputItem, item_id: str, status: str, tools: ResponsesTools) -> dict[str, Any]:
+    """An output item; a call as the item its tool's type answers with (``server.openai.responses_tools``)."""
     if item.kind == "text":
         content = [text_part(item.text)] if status != "in_progress" else []
         return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": item.call_id, "name": item.name,
-            "arguments": item.text}
+    tool = tools.by_function(item.name or "")
+    out: dict[str, Any] = {"id": item_id, "type": "function_call", "status": status, "call_id": item.call_id,
+                           "name": tool.name if tool is not None else item.name}
+    if tool is not None and tool.namespace is not None:
+        out["namespace"] = tool.namespace
+    if tool is not None and tool.kind == "custom":
+        return {**out, "type": "custom_tool_call", "input": custom_input(item.text) if status != "in_progress" else ""}
+    return {**out, "arguments": item.text}
+
+
+def is_custom(item: OutputItem, tools: ResponsesTools) -> bool:
+    tool = tools.by_function(item.name or "") if item.kind == "call" else None
+    return tool is not None and tool.kind == "custom"
 
 
 def conversation_items(items: list[OutputItem]) -> list[ConversationItem]:
@@ -107,7 +135,8 @@ class ResponseAnswer:
 
     head: dict[str, Any]
     generation: Generation
-    tools: ToolUse | None
+    tool_use: ToolUse | None
+    tools: ResponsesTools
     on_done: OnDone
     _seq: int = field(default=0, init=False)
     _ids: list[str] = field(default_factory=list, init=False)
@@ -115,7 +144,7 @@ class ResponseAnswer:
     def body(self) -> dict[str, Any]:
         """The non-streamed response of a finished generation."""
         choice = self.generation.choices[0]
-        items = assemble(self.tools, "".join(choice.text)).items
+        items = assemble(self.tool_use, "".join(choice.text)).items
         self._ids = [self._new_item_id(item) for item in items]
         return self._finished(items, choice.finish_reason)
 
@@ -124,7 +153,7 @@ class ResponseAnswer:
         opening = self._response("in_progress", [])
         yield self._event("response.created", response=opening)
         yield self._event("response.in_progress", response=opening)
-        items = OutputItems(self.tools)
+        items = OutputItems(self.tool_use)
         async for choice, out in self.generation.deltas():
             if ends_the_request(out.finish_reason):
                 break
@@ -148,7 +177,8 @@ class ResponseAnswer:
     # -- pieces -------------------------------------------------------------------------------------
     def _finished(self, items: list[OutputItem], finish_reason: str | None) -> dict[str, Any]:
         incomplete = finish_reason == "length"
-        output = [item_json(item, self._ids[i], self._status(i, len(items), finish_reason)) for i, item in enumerate(items)]
+        output = [item_json(item, self._ids[i], self._status(i, len(items), finish_reason), self.tools)
+                  for i, item in enumerate(items)]
         body = self._response("incomplete" if incomplete else "completed", output)
         body.update(usage=usage(self.generation), speculative=self.generation.speculative(), completed_at=int(time.time()))
         if incomplete:
@@ -166,7 +196,7 @@ class ResponseAnswer:
         return "incomplete" if finish_reason == "length" and index == count - 1 else "completed"
 
     def _new_item_id(self, item: OutputItem) -> str:
-        return new_id("msg" if item.kind == "text" else "fc")
+        return new_id("msg" if item.kind == "text" else "ctc" if is_custom(item, self.tools) else "fc")
 
     def _item_events(self, items: OutputItems, changes: list, finish_reason: str | None) -> list[NamedEvent]:
         events: list[NamedEvent] = []
@@ -175,7 +205,7 @@ class ResponseAnswer:
             if change.kind == "start":
                 self._ids.append(self._new_item_id(item))
                 events.append(self._event("response.output_item.added", output_index=index,
-                                          item=item_json(item, self._ids[index], "in_progress")))
+                                          item=item_json(item, self._ids[index], "in_progress", self.tools)))
                 if item.kind == "text":
                     events.append(self._event("response.content_part.added", item_id=self._ids[index], output_index=index,
                                               content_index=0, part=text_part("")))
@@ -184,7 +214,7 @@ class ResponseAnswer:
                 if item.kind == "text":
                     events.append(self._event("response.output_text.delta", **where, content_index=0, delta=change.text,
                                               logprobs=[]))
-                else:
+                elif not is_custom(item, self.tools):  # a custom call's input is whole only at its end
                     events.append(self._event("response.function_call_arguments.delta", **where, delta=change.text))
             else:
                 events += self._item_done(item, index, finish_reason, len(items.items))
@@ -196,10 +226,15 @@ class ResponseAnswer:
         if item.kind == "text":
             events = [self._event("response.output_text.done", **where, content_index=0, text=item.text, logprobs=[]),
                       self._event("response.content_part.done", **where, content_index=0, part=text_part(item.text))]
+        elif is_custom(item, self.tools):
+            text = custom_input(item.text)
+            events = [self._event("response.custom_tool_call_input.delta", **where, delta=text),
+                      self._event("response.custom_tool_call_input.done", **where, input=text)]
         else:
-            events = [self._event("response.function_call_arguments.done", **where, name=item.name, arguments=item.text)]
+            done = item_json(item, self._ids[index], status, self.tools)
+            events = [self._event("response.function_call_arguments.done", **where, name=done["name"], arguments=item.text)]
         events.append(self._event("response.output_item.done", output_index=index,
-                                  item=item_json(item, self._ids[index], status)))
+                                  item=item_json(item, self._ids[index], status, self.tools)))
         return events
 
     def _event(self, event_type: str, **payload: Any) -> NamedEvent:

@@ -20,7 +20,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from server.generation.engine_host import EngineLike
-from server.generation.prompts import render_chat, resolve_max_tokens, template_messages
+from server.generation.prompts import (
+    later_system_messages_render,
+    leading_system,
+    render_chat,
+    resolve_max_tokens,
+    template_messages,
+)
 from server.generation.submission import Job
 from server.http.errors import APIError, invalid_request
 from server.openai.parsing import to_api_error
@@ -81,15 +87,21 @@ def _renamed(err: APIError, names: ParamNames) -> APIError:
 
 async def render_prompt(state: ServerState, engine: EngineLike, req: ChatCompletionRequest) -> tuple[list[int], ToolUse]:
     """The prompt's token ids (the chat template over the messages, with the tools it offers) and
-    the request's ``ToolUse``. Rendering grows with the prompt: it runs off the event loop."""
+    the request's ``ToolUse``. System messages after the first turn stay where they stand, or are
+    joined into the leading one where the template takes no other. Rendering grows with the
+    prompt: it runs off the event loop."""
     tokenizer = engine.tokenizer
     tool_use = ToolUse.from_request(req.tools or [], req.tool_choice, req.parallel_tool_calls, tokenizer)
-    messages, template_kwargs = tool_use.prompt_messages(template_messages(req.messages))
-    prompt_ids = await asyncio.to_thread(
-        render_chat, tokenizer, messages, template_kwargs=template_kwargs,
-        special_tokens_in_content=state.settings.allow_special_tokens_in_content,
-    )
+    special = state.settings.allow_special_tokens_in_content
+    prompt_ids = await asyncio.to_thread(_render, tokenizer, template_messages(req.messages), tool_use, special)
     return prompt_ids, tool_use
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], tool_use: ToolUse, special_tokens_in_content: bool) -> list[int]:
+    if not later_system_messages_render(tokenizer):
+        messages = leading_system(messages)
+    messages, template_kwargs = tool_use.prompt_messages(messages)
+    return render_chat(tokenizer, messages, template_kwargs=template_kwargs, special_tokens_in_content=special_tokens_in_content)
 
 
 async def chat_jobs(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -23,8 +24,10 @@ from server.generation.response_store import StoredResponse
 from server.generation.streaming import Framing, GenerationStream
 from server.http.errors import APIError, invalid_request
 from server.http.jsonio import JSONResponse
-from server.openai.responses_input import ConversationItem, chat_body, chat_messages, listed_items
+from server.http.request_log import request_id
+from server.openai.responses_input import chat_body, chat_messages, conversation_of, listed_items
 from server.openai.responses_render import ResponseAnswer, conversation_items, head
+from server.openai.responses_tools import ResponsesTools
 from server.openai.schemas.responses import ResponsesRequest
 from server.routes.chat_jobs import ParamNames, chat_jobs, to_chat_request
 from server.routes.common import check_model, read_request, server_state
@@ -36,6 +39,7 @@ NAMES = ParamNames(
     renames=(("messages", "input"), ("max_tokens", "max_output_tokens"), ("response_format", "text.format")),
 )
 MAX_LIST_LIMIT = 100
+log = structlog.get_logger("specdec.server")
 
 
 def not_found(response_id: str, param: str | None = None) -> APIError:
@@ -59,11 +63,14 @@ async def create_response(request: Request) -> Response:
     engine = state.require_engine()
     model = check_model(state, req.model)
     history = stored(state, req.previous_response_id, "previous_response_id").conversation if req.previous_response_id else []
-    conversation = history + chat_messages(ConversationItem.of(item) for item in req.input)
+    conversation = history + chat_messages(conversation_of(req.input))
     if not conversation:
         raise invalid_request("'input' must not be empty.", "input", code="empty_array")
+    tools = ResponsesTools.of(req.tools)
+    if tools.left_out:
+        log.warning("leaving out tools this server cannot run", request_id=request_id(request), types=tools.left_out)
     instructions = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    chat = to_chat_request(chat_body(req, instructions + conversation), state.settings, NAMES)
+    chat = to_chat_request(chat_body(req, tools, instructions + conversation), state.settings, NAMES)
     prepared = await chat_jobs(state, engine, chat, NAMES)
 
     response_id = new_id("resp")
@@ -75,7 +82,7 @@ async def create_response(request: Request) -> Response:
 
     generation = start_generation(request, state, engine, prepared.jobs, endpoint="responses", id_prefix="resp",
                                   stream=req.stream, arrival=arrival)
-    answer = ResponseAnswer(head(response_id, model, req), generation, prepared.tool_use, keep)
+    answer = ResponseAnswer(head(response_id, model, req), generation, prepared.tool_use, tools, keep)
     if req.stream:
         return GenerationStream(generation, answer.events(), Framing(done=None, error=answer.error))
     return await respond_when_done(generation, request, answer.body)

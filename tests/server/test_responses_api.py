@@ -170,12 +170,18 @@ def post(server: ServerProcess, body: dict, key: str | None = KEYED_API_KEY) -> 
 @pytest.mark.parametrize("body,status,param,code", [
     ({"input": [{"role": "user"}]}, 400, "input[0]", "invalid_value"),
     ({"input": [{"type": "bogus"}]}, 400, "input[0].type", "invalid_value"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, 400, "input[0].type", "unsupported_parameter"),
+    ({"input": [{"type": "computer_call_output", "call_id": "c"}]}, 400, "input[0].type", "unsupported_parameter"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, 400, "input", "empty_array"),  # accepted, not prompt
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]}, 400, "input[0]", "invalid_value"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
      "input[0].content[0].type", "unsupported_parameter"),
     ({"input": 7}, 400, "input", "invalid_value"),
-    ({"input": "hi", "tools": [{"type": "web_search"}]}, 400, "tools[0].type", "unsupported_parameter"),
+    ({"input": "hi", "tools": [{"type": "namespace", "name": "n", "tools": [{"type": "web_search"}]}]}, 400, "tools[0]",
+     "invalid_value"),
+    ({"input": "hi", "tools": [{"type": "custom", "name": "c", "format": {"type": "grammar"}}]}, 400, "tools[0].format",
+     "invalid_value"),
+    ({"input": "hi", "tools": [{"type": "custom", "name": "c", "parameters": {"type": "object"}}]}, 400, "tools[0]",
+     "invalid_value"),
     ({"input": "hi", "truncation": "auto"}, 400, "truncation", "unsupported_parameter"),
     ({"input": "hi", "previous_response_id": "resp_" + "0" * 48}, 404, "previous_response_id", "response_not_found"),
     ({"input": "x" * 40_000}, 400, "input", "limit_exceeded"),  # over --max-prompt-chars (64 x 512)

@@ -7,9 +7,11 @@ Only the Responses API's own shapes are checked here, each error naming the Resp
 Accepted but without effect, as documented in docs/api.md: ``reasoning`` (the served models do not
 reason), ``truncation: "disabled"``, ``text.verbosity``, ``include`` entries about items this
 server never produces, ``service_tier``, ``safety_identifier``, ``prompt_cache_key``,
-``prompt_cache_retention``, ``stream_options``. Refused by name (``unsupported_parameter``): input
-items other than messages, ``function_call`` and ``function_call_output``; non-text content;
-tools other than functions; ``truncation: "auto"``, ``background``, ``top_logprobs``,
+``prompt_cache_retention``, ``stream_options``, ``reasoning`` input items (left out of the
+prompt). Tools of types the provider would run (``web_search`` ...) are left out of the prompt
+with a warning (``server.openai.responses_tools``). Refused by name (``unsupported_parameter``):
+input items other than messages, reasoning, function and custom tool calls and their outputs;
+non-text content (images, files); ``truncation: "auto"``, ``background``, ``top_logprobs``,
 ``max_tool_calls``, ``prompt``, ``conversation``, ``context_management`` and the logprobs include.
 """
 
@@ -22,8 +24,10 @@ from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, Val
 
 import server.openai.limits as limits
 from server.http.jsonio import loads_bounded
+from server.openai.responses_tools import joined_name
 from server.openai.schemas.base import (
     INT64_MAX,
+    MAX_SCHEMA_CHARS,
     SEED_MAX,
     SEED_MIN,
     Schema,
@@ -43,8 +47,11 @@ KNOWN_ITEM_TYPES = {
     "item_reference", "reasoning", "file_search_call", "computer_call", "computer_call_output", "web_search_call",
     "image_generation_call", "code_interpreter_call", "local_shell_call", "local_shell_call_output", "shell_call",
     "shell_call_output", "apply_patch_call", "apply_patch_call_output", "mcp_list_tools", "mcp_approval_request",
-    "mcp_approval_response", "mcp_call", "custom_tool_call", "custom_tool_call_output", "compaction",
+    "mcp_approval_response", "mcp_call", "compaction",
 }
+# Served: messages, calls of functions and custom tools and their outputs; reasoning items are
+# accepted and left out of the prompt (the served models write none; another model's are opaque).
+ITEM_TYPES = ("message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output", "reasoning")
 TEXT_PARTS = ("input_text", "output_text")
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 MAX_METADATA = 16
@@ -72,38 +79,62 @@ TextParts = Annotated[list[ResponsesContentPart], BeforeValidator(text_as_parts(
 
 
 def _item_type(value: Any) -> Any:
-    if isinstance(value, str) and value not in ("message", "function_call", "function_call_output"):
+    if isinstance(value, str) and value not in ITEM_TYPES:
         if value in KNOWN_ITEM_TYPES:
             raise unsupported("Input items of type '{kind}' are not supported.", kind=value)
-        raise invalid("must be 'message', 'function_call' or 'function_call_output', got {kind}.", kind=value[:40])
+        raise invalid("must be one of {kinds}, got {kind}.", kinds=", ".join(f"'{t}'" for t in ITEM_TYPES), kind=value[:40])
     return value
+
+
+ItemType = Literal["message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
+                   "reasoning"]
+ITEM_FIELDS = ("role", "content", "call_id", "name", "namespace", "arguments", "input", "output")
+# type -> (the fields it needs, the others it may carry)
+FIELDS_OF_TYPE: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "message": (("role", "content"), ()),
+    "function_call": (("call_id", "name", "arguments"), ("namespace",)),
+    "custom_tool_call": (("call_id", "name", "input"), ("namespace",)),
+    "function_call_output": (("call_id", "output"), ("name",)),  # an output may repeat its call's name
+    "custom_tool_call_output": (("call_id", "output"), ("name",)),
+    "reasoning": ((), ()),
+}
 
 
 class InputItem(Schema):
     """One input item: a message (the default when ``type`` is left out), an earlier answer's
-    ``function_call``, or a ``function_call_output`` answering it. Which fields an item needs
-    depends on its type, so they are optional here and checked together below."""
+    ``function_call`` or ``custom_tool_call``, an output answering one, or a ``reasoning`` item
+    (accepted; not part of the prompt). Which fields an item needs depends on its type, so they are
+    optional here and checked together below."""
 
-    type: Annotated[Literal["message", "function_call", "function_call_output"], BeforeValidator(_item_type)] = "message"
+    type: Annotated[ItemType, BeforeValidator(_item_type)] = "message"
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
     # message
     role: Literal["user", "assistant", "system", "developer"] | None = None
     content: TextParts | None = None
-    # function_call (and the call_id of its output)
+    # function_call / custom_tool_call (and the call_id of its output)
     call_id: str | None = Field(None, min_length=1, max_length=256)
     name: Annotated[str, Field(pattern=f"^{FUNCTION_NAME}$")] | None = None
+    namespace: Annotated[str, Field(pattern=f"^{FUNCTION_NAME}$")] | None = None
     arguments: str | None = None
-    # function_call_output
+    input: str | None = None
+    # function_call_output / custom_tool_call_output
     output: TextParts | None = None
+    # reasoning: what another model thought; opaque, so no part of the prompt
+    summary: list[Any] | None = None
+    encrypted_content: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reasoning_content_is_opaque(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("type") == "reasoning":
+            return {key: value for key, value in data.items() if key != "content"}
+        return data
 
     @model_validator(mode="after")
     def _fields_fit_the_type(self) -> InputItem:
-        need = {"message": ("role", "content"), "function_call": ("call_id", "name", "arguments"),
-                "function_call_output": ("call_id", "output")}[self.type]
-        # an output may repeat its call's name
-        fields_fit_the_type(self, self.type, "item", need, ("role", "content", "call_id", "name", "arguments", "output"),
-                            also=("name",) if self.type == "function_call_output" else ())
+        need, also = FIELDS_OF_TYPE[self.type]
+        fields_fit_the_type(self, self.type, "item", need, ITEM_FIELDS, also=also)
         if self.arguments is not None:
             try:
                 parsed = loads_bounded(self.arguments)
@@ -126,26 +157,53 @@ def _input_as_items(value: Any, info: ValidationInfo) -> Any:
     return limits.check_list_size(value, info, "max_messages", "items")
 
 
-class FunctionTool(Schema):
-    """A function the model may call (the Responses API's flat form of chat's ``tools[].function``).
-    ``strict`` is accepted: a call that ``tool_choice`` forces always matches ``parameters``."""
+class CustomToolFormat(Schema):
+    """A custom tool's input: free ``text``, or text in a ``grammar`` (``syntax`` lark or regex)."""
 
-    type: str
-    name: FunctionName
+    type: Literal["text", "grammar"]
+    syntax: Literal["lark", "regex"] | None = None
+    definition: str | None = Field(None, max_length=MAX_SCHEMA_CHARS)
+
+    @model_validator(mode="after")
+    def _grammar_has_a_definition(self) -> CustomToolFormat:
+        if (self.type == "grammar") != (self.definition is not None and self.syntax is not None):
+            raise invalid("needs 'syntax' and 'definition' when 'type' is \"grammar\", and only then.")
+        return self
+
+
+SERVED_TOOL_TYPES = ("function", "custom", "namespace")
+
+
+class ResponsesTool(Schema):
+    """A tool: a ``function`` (``name``, ``parameters``; ``strict`` is accepted: a call that
+    ``tool_choice`` forces always matches ``parameters``), a ``custom`` tool (``name``, ``format``),
+    a ``namespace`` of either (``name``, ``tools``), or a tool the provider runs (``web_search``
+    ...), which this server leaves out (``server.openai.responses_tools``). Which fields a tool needs
+    depends on its type, so they are optional here and checked together below."""
+
+    type: Annotated[str, Field(min_length=1, max_length=64)]
+    name: FunctionName | None = None
     description: str | None = None
     parameters: FunctionParameters = None
     strict: bool | None = None
+    format: CustomToolFormat | None = None
+    tools: list[ResponsesTool] | None = Field(None, max_length=MAX_TOOLS)
+    defer_loading: bool | None = None  # accepted (Codex's tool search); every tool is offered
 
-    @field_validator("type", mode="before")
-    @classmethod
-    def _functions_only(cls, value: Any) -> Any:
-        if isinstance(value, str) and value != "function":
-            raise unsupported("Tools of type '{kind}' are not supported; only 'function' tools are.", kind=value[:40])
-        return value
+    @model_validator(mode="after")
+    def _fields_fit_the_type(self) -> ResponsesTool:
+        if self.type not in SERVED_TOOL_TYPES:
+            return self  # left out of the prompt whatever it holds
+        need = {"function": ("name",), "custom": ("name",), "namespace": ("name", "tools")}[self.type]
+        also = {"function": ("parameters", "strict"), "custom": ("format",), "namespace": ()}[self.type]
+        fields_fit_the_type(self, self.type, "tool", need, ("name", "parameters", "strict", "format", "tools"), also=also)
+        if any(inner.type not in ("function", "custom") for inner in self.tools or []):
+            raise invalid("is a namespace, whose tools are functions or custom tools.")
+        return self
 
 
 ToolMode = Literal["none", "auto", "required"]
-TOOL_CHOICE_FORMS = 'must be "none", "auto", "required" or {"type": "function", "name": ...}.'
+TOOL_CHOICE_FORMS = 'must be "none", "auto", "required" or {"type": "function" or "custom", "name": ...}.'
 
 
 def _tool_choice(value: Any) -> str | dict[str, str]:
@@ -154,12 +212,12 @@ def _tool_choice(value: Any) -> str | dict[str, str]:
     if not isinstance(value, dict):
         raise invalid(TOOL_CHOICE_FORMS)
     kind = value.get("type")
-    if isinstance(kind, str) and kind != "function":
+    if isinstance(kind, str) and kind not in ("function", "custom"):
         raise unsupported("A 'tool_choice' of type '{kind}' is not supported.", kind=kind[:40])
     name = value.get("name")
-    if kind != "function" or not isinstance(name, str) or not re.fullmatch(FUNCTION_NAME, name):
+    if kind not in ("function", "custom") or not isinstance(name, str) or not re.fullmatch(FUNCTION_NAME, name):
         raise invalid(TOOL_CHOICE_FORMS)
-    return {"type": "function", "name": name}
+    return {"type": kind, "name": name}
 
 
 ToolChoice = Annotated[ToolMode | dict[str, str], PlainValidator(_tool_choice, json_schema_input_type=ToolMode | dict[str, str])]
@@ -218,7 +276,7 @@ class ResponsesRequest(Schema):
     max_output_tokens: int | None = Field(None, ge=1, le=INT64_MAX)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    tools: list[FunctionTool] = Field([], max_length=MAX_TOOLS)
+    tools: list[ResponsesTool] = Field([], max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     text: TextConfig = Field(default_factory=TextConfig)
@@ -249,7 +307,7 @@ class ResponsesRequest(Schema):
     def _text_within_limit(cls, value: list[InputItem], info: ValidationInfo) -> list[InputItem]:
         settings = limits.settings_of(info)
         if settings is not None:
-            limits.check_prompt_chars(sum(len(item.text) + len(item.arguments or "") for item in value), settings)
+            limits.check_prompt_chars(sum(len(item.text) + len(item.arguments or item.input or "") for item in value), settings)
         return value
 
     @field_validator("include")
@@ -262,8 +320,9 @@ class ResponsesRequest(Schema):
 
     @field_validator("tools")
     @classmethod
-    def _distinct_names(cls, value: list[FunctionTool]) -> list[FunctionTool]:
-        names = [t.name for t in value]
+    def _distinct_names(cls, value: list[ResponsesTool]) -> list[ResponsesTool]:
+        names = [joined_name(tool.name if tool.type == "namespace" else None, inner.name or "")
+                 for tool in value if tool.type in SERVED_TOOL_TYPES for inner in (tool.tools or [tool])]
         if len(set(names)) != len(names):
             raise invalid("names a function twice.")
         return value
