@@ -12,8 +12,8 @@ from typing import Callable
 
 import pytest
 
-from tests.helpers.models import build_tiny, smollm2_gguf_path, truncated_copy
-from tests.helpers.servers import shared_server, stop_shared, tiny_args
+from tests.helpers.models import build_tiny, short_answers_copy, smollm2_gguf_path, truncated_copy
+from tests.helpers.servers import AGENT_CONTEXT, AGENT_MODEL, shared_server, stop_shared, tiny_args
 
 
 @pytest.fixture(scope="session")
@@ -77,6 +77,20 @@ def tiny_server(tiny_target: Path, tiny_draft: Path, tmp_path_factory: pytest.Te
     a real ``specdec serve`` subprocess on a free loopback port, started once per session."""
     yield shared_server("tiny", tiny_args(tiny_target, tiny_draft), tmp_path_factory.getbasetemp())
     stop_shared("tiny")
+
+
+@pytest.fixture(scope="session")
+def agent_server(tmp_path_factory: pytest.TempPathFactory, smol_tokenizer_dir: Path):
+    """A server for coding agents' requests (40-80 KB bodies): a tiny random model whose answers
+    end after a few tokens (``short_answers_copy``), ``AGENT_CONTEXT`` tokens of context, served
+    as ``AGENT_MODEL``; started once per session."""
+    base = tmp_path_factory.mktemp("agent_model")
+    tiny = build_tiny(base / "random", smol_tokenizer_dir, "llama", 2, 64, 0, 49152, max_positions=AGENT_CONTEXT)
+    model = short_answers_copy(tiny, base / "short")
+    yield shared_server("agent", ["--model", str(model), "--served-model-name", AGENT_MODEL, "--device", "cpu",
+                                  "--dtype", "float32", "--max-model-len", str(AGENT_CONTEXT), "--seed", "0"],
+                        tmp_path_factory.getbasetemp())
+    stop_shared("agent")
 
 
 @pytest.fixture(scope="session")

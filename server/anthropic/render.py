@@ -11,8 +11,10 @@ stream started is an ``error`` event in Anthropic's shape, and the stream ends t
 The blocks come from ``server.generation.output_items`` (the same items the Responses API and a
 whole answer get). ``stop_reason``: ``max_tokens`` when the budget ended it, ``tool_use`` when it
 called a tool, ``stop_sequence`` (naming it) when one of ``stop_sequences`` did, else ``end_turn``.
-Usage follows Anthropic's split: ``input_tokens`` are the prompt tokens computed for this request,
-``cache_read_input_tokens`` those the prefix cache served (their sum is the prompt).
+Usage follows Anthropic's split of the prompt: ``cache_read_input_tokens`` the prefix cache served,
+``cache_creation_input_tokens`` this request computed and wrote into it (its full prefill chunks,
+which the next turn can read), ``input_tokens`` the rest (the last partial chunk); their sum is the
+prompt. Every prompt is cached this way, ``cache_control`` marks or not.
 """
 
 from __future__ import annotations
@@ -96,9 +98,10 @@ class MessageAnswer:
 
     def _usage(self, *, final: bool) -> dict[str, Any]:
         generation = self.generation
-        cached = generation.cached_tokens if final else 0
-        return {"input_tokens": generation.prompt_tokens - cached, "output_tokens": generation.completion_tokens if final else 0,
-                "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+        cached, stored = (generation.cached_tokens, generation.stored_tokens) if final else (0, 0)
+        return {"input_tokens": generation.prompt_tokens - cached - stored,
+                "output_tokens": generation.completion_tokens if final else 0,
+                "cache_read_input_tokens": cached, "cache_creation_input_tokens": stored}
 
     def _stop(self, choice: Choice, items: list[OutputItem]) -> tuple[str, str | None]:
         if choice.finish_reason == "length":

@@ -6,7 +6,8 @@ Only the Messages API's own shapes are checked here, each error naming the Anthr
 
 ``system``-role messages inside ``messages`` are accepted (Claude Code sends them), as vLLM and
 SGLang do. Accepted without effect (docs/api.md): ``cache_control`` on any block or tool (the prefix cache
-needs no marks), ``thinking`` (the served models do not think), ``metadata``, ``service_tier``,
+needs no marks), ``thinking`` (the served models do not think), ``context_management``, a tool's
+``defer_loading``, ``metadata``, ``service_tier``,
 ``citations: null``, ``output_config.effort``. ``output_config.format`` (JSON schema) constrains the
 answer as chat's ``response_format`` does. Refused by name (``unsupported_parameter``): content blocks other than
 ``text``, ``tool_use`` and ``tool_result`` (images, documents, thinking), tools that are not
@@ -128,6 +129,7 @@ class AnthropicTool(Schema):
     description: str | None = None
     input_schema: FunctionParameters
     cache_control: dict[str, Any] | None = None  # accepted; no effect
+    defer_loading: bool | None = None  # accepted (Claude Code's tool search); every tool is offered
 
     @field_validator("type", mode="before")
     @classmethod
@@ -155,6 +157,7 @@ class AnthropicThinking(Schema):
 
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
+    display: str | None = None
 
 
 class AnthropicOutputFormat(Schema):
@@ -215,6 +218,7 @@ class MessagesRequest(MessagesPrompt):
     metadata: dict[str, Any] | None = None  # accepted (user_id); no effect
     cache_control: dict[str, Any] | None = None  # accepted; no effect
     service_tier: str | None = None  # accepted; no effect
+    context_management: dict[str, Any] | None = None  # accepted (edits of thinking blocks: none here); no effect
     container: Annotated[None, only_off("Containers are not supported.")] = None
     mcp_servers: Annotated[None, only_off("MCP servers are not supported.")] = None
     # specdec's extensions, as on chat

@@ -232,6 +232,11 @@ class Generation:
         return sum(c.stats.cached_tokens for c in self.choices.values() if c.counts_prompt and c.stats is not None)
 
     @property
+    def stored_tokens(self) -> int:
+        """Prompt tokens this request wrote into the prefix cache (counted once per prompt)."""
+        return sum(c.stats.stored_tokens for c in self.choices.values() if c.counts_prompt and c.stats is not None)
+
+    @property
     def completion_tokens(self) -> int:
         return sum(c.completion_tokens for c in self.choices.values())
 
@@ -290,6 +295,7 @@ class Generation:
             outcome=outcome,
             n=len(self.jobs),
             prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
             completion_tokens=self.completion_tokens,
             finish_reasons=[c.finish_reason for c in self.choices.values()],
             speculative_method=self.method,

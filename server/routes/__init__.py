@@ -12,7 +12,14 @@ from server.routes.messages import count_tokens, create_message
 from server.routes.metrics import metrics
 from server.routes.models import list_models, retrieve_model
 from server.routes.openapi import openapi_json
-from server.routes.responses import create_response, delete_response, list_input_items, retrieve_response
+from server.routes.responses import (
+    compact_response,
+    count_input_tokens,
+    create_response,
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
 
 
 def routes() -> list[Route]:
@@ -20,6 +27,8 @@ def routes() -> list[Route]:
         Route("/v1/completions", create_completion, methods=["POST"]),
         Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
         Route("/v1/responses", create_response, methods=["POST"]),
+        Route("/v1/responses/input_tokens", count_input_tokens, methods=["POST"]),
+        Route("/v1/responses/compact", compact_response, methods=["POST"]),
         Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
         Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),

@@ -28,8 +28,9 @@ from server.http.request_log import request_id
 from server.openai.responses_input import chat_body, chat_messages, conversation_of, listed_items
 from server.openai.responses_render import ResponseAnswer, conversation_items, head
 from server.openai.responses_tools import ResponsesTools
+from server.openai.schemas.chat import ChatCompletionRequest
 from server.openai.schemas.responses import ResponsesRequest
-from server.routes.chat_jobs import ParamNames, chat_jobs, to_chat_request
+from server.routes.chat_jobs import ParamNames, chat_jobs, render_prompt, to_chat_request
 from server.routes.common import check_model, read_request, server_state
 from server.state import ServerState
 
@@ -56,12 +57,14 @@ def stored(state: ServerState, response_id: str, param: str | None = None) -> St
     return entry
 
 
-async def create_response(request: Request) -> Response:
-    arrival = time.perf_counter()
-    state = server_state(request)
-    req = await read_request(request, ResponsesRequest)
-    engine = state.require_engine()
-    model = check_model(state, req.model)
+Conversation = list[dict[str, Any]]
+
+
+def conversation_request(
+    state: ServerState, request: Request, req: ResponsesRequest
+) -> tuple[ResponsesTools, Conversation, ChatCompletionRequest]:
+    """The request's tools, its conversation (the stored one of ``previous_response_id`` first)
+    and the chat request they make."""
     history = stored(state, req.previous_response_id, "previous_response_id").conversation if req.previous_response_id else []
     conversation = history + chat_messages(conversation_of(req.input))
     if not conversation:
@@ -70,7 +73,16 @@ async def create_response(request: Request) -> Response:
     if tools.left_out:
         log.warning("leaving out tools this server cannot run", request_id=request_id(request), types=tools.left_out)
     instructions = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    chat = to_chat_request(chat_body(req, tools, instructions + conversation), state.settings, NAMES)
+    return tools, conversation, to_chat_request(chat_body(req, tools, instructions + conversation), state.settings, NAMES)
+
+
+async def create_response(request: Request) -> Response:
+    arrival = time.perf_counter()
+    state = server_state(request)
+    req = await read_request(request, ResponsesRequest)
+    engine = state.require_engine()
+    model = check_model(state, req.model)
+    tools, conversation, chat = conversation_request(state, request, req)
     prepared = await chat_jobs(state, engine, chat, NAMES)
 
     response_id = new_id("resp")
@@ -86,6 +98,24 @@ async def create_response(request: Request) -> Response:
     if req.stream:
         return GenerationStream(generation, answer.events(), Framing(done=None, error=answer.error))
     return await respond_when_done(generation, request, answer.body)
+
+
+async def count_input_tokens(request: Request) -> Response:
+    """``POST /v1/responses/input_tokens``: the prompt tokens the same body would have."""
+    state = server_state(request)
+    req = await read_request(request, ResponsesRequest)
+    engine = state.require_engine()
+    check_model(state, req.model)
+    _, _, chat = conversation_request(state, request, req)
+    prompt_ids, _ = await render_prompt(state, engine, chat)
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": len(prompt_ids)})
+
+
+async def compact_response(request: Request) -> Response:
+    """``POST /v1/responses/compact`` is not served: a 404 that says so (docs/api.md)."""
+    raise APIError(404, "This server does not compact conversations (/v1/responses/compact): a client that needs a "
+                   "shorter history summarizes it with a normal response, as Codex CLI does with any provider but "
+                   "OpenAI's.", code="not_supported")
 
 
 async def retrieve_response(request: Request) -> Response:

@@ -20,6 +20,9 @@ class RequestStats:
     prompt_tokens: int = 0
     # Prompt tokens found in the prefix cache (not prefilled again): OpenAI's ``cached_tokens``.
     cached_tokens: int = 0
+    # Prompt tokens this request wrote into the prefix cache (its full chunks it computed itself):
+    # Anthropic's ``cache_creation_input_tokens``.
+    stored_tokens: int = 0
     completion_tokens: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
@@ -51,6 +54,7 @@ class RequestStats:
                 continue
             total.prompt_tokens += s.prompt_tokens
             total.cached_tokens += s.cached_tokens
+            total.stored_tokens += s.stored_tokens
             total.completion_tokens += s.completion_tokens
             total.draft_tokens += s.draft_tokens
             total.accepted_tokens += s.accepted_tokens

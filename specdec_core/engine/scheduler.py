@@ -175,6 +175,8 @@ class Scheduler:
             tokens = req.all_ids if self.share_outputs else req.prompt_ids
             req.recorded_chunks = self.prefix.record(req.blocks, tokens, req.num_computed, req.draft_computed,
                                                      req.recorded_chunks, req.params.cache_salt, req.chunk_keys)
+            in_cache = min(req.recorded_chunks[0] * self.prefix.chunk, len(req.prompt_ids))
+            req.stats.stored_tokens = max(in_cache - req.stats.cached_tokens, 0)
 
     def remove(self, req: Request) -> None:
         """Drop a finished or aborted request and free its blocks at once. Its chunks, the last

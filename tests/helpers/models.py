@@ -97,6 +97,28 @@ def truncated_copy(src: Path, out: Path, keep_layers: int) -> Path:
     return out
 
 
+def short_answers_copy(src: Path, out: Path, eos_logit: float = 10.4) -> Path:
+    """A copy of a tiny random model that ends its answers after a few tokens: every embedding
+    gets a constant first dimension that dominates the residual stream, and the output row of EOS
+    reads it alone, so EOS's logit is about ``eos_logit`` at every position while the others stay
+    near 0 (10.4 against 49,151 other tokens: EOS ~40% of a sampled token, the greedy choice).
+    Random weights never write EOS; a client that treats a cut answer as an error (Claude Code)
+    needs answers that end."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(src)
+    eos, hidden = model.config.eos_token_id, model.config.hidden_size
+    with torch.no_grad():
+        model.get_input_embeddings().weight[:, 0] = 1.0
+        head = model.get_output_embeddings().weight
+        head[:, 0] = 0.0
+        head[eos] = 0.0
+        head[eos, 0] = eos_logit / hidden ** 0.5  # the normed first dimension is ~sqrt(hidden)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    return out
+
+
 def drop_layers(model: torch.nn.Module, keep: list[int]) -> torch.nn.Module:
     """A copy of a decoder-only model keeping only the layers ``keep`` (a cheap, related draft)."""
     import copy

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -50,6 +51,18 @@ def parse_sse(raw: str) -> list[str]:
     for event in events:
         assert (event.event, event.id, event.retry) == ("message", "", None), f"unexpected SSE field in {event!r}"
     return [event.data for event in events]
+
+
+def parse_named_sse(raw: str) -> list[dict]:
+    """The JSON payloads of an SSE body whose events are named (the Responses and Messages APIs),
+    each checked to be named as its ``type`` says."""
+    response = httpx.Response(200, headers={"content-type": "text/event-stream"}, text=raw + "\n\n")
+    payloads = []
+    for event in EventSource(response).iter_sse():
+        payload = json.loads(event.data)
+        assert event.event == payload["type"], f"event {event.event!r} carries a {payload['type']!r}"
+        payloads.append(payload)
+    return payloads
 
 
 def metric_value(text: str, name: str) -> float | None:
@@ -196,6 +209,8 @@ def stop_shared(name: str) -> None:
         assert rc == 0, f"{name} server exited with {rc} on SIGTERM:\n{srv.logs()[-3000:]}"
 
 
+# The agents' server (``agent_server``): Claude Code's first request is ~46k tokens of SmolLM2's tokenizer.
+AGENT_MODEL, AGENT_CONTEXT = "tiny-agent", 65_536
 TINY_MAX_MODEL_LEN = 512
 TINY_MAX_NUM_SEQS = 8
 

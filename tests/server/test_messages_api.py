@@ -48,8 +48,9 @@ def test_text_equals_chat_and_speculation_off(client: anthropic.Anthropic, chat:
     assert [b.type for b in m.content] == ["text"] and m.content[0].text == same.choices[0].message.content
     assert m.id.startswith("msg_") and m.role == "assistant" and m.model == MODEL
     assert m.stop_reason == "max_tokens" and m.stop_sequence is None and m.usage.output_tokens == 12
-    # Anthropic's split: computed + served from the cache = the prompt chat counts
-    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == same.usage.prompt_tokens
+    # Anthropic's split: computed + written to the cache + served from it = the prompt chat counts
+    usage = m.usage
+    assert usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens == same.usage.prompt_tokens
     off = client.messages.create(**kwargs, extra_body={"temperature": 0.0, "speculative": False})
     assert off.content[0].text == m.content[0].text
     assert m.model_extra["speculative"]["method"] != "none" and off.model_extra["speculative"]["method"] == "none"
