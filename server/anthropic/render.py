@@ -12,8 +12,8 @@ The blocks come from ``server.generation.output_items`` (the same items the Resp
 whole answer get). ``stop_reason``: ``max_tokens`` when the budget ended it, ``tool_use`` when it
 called a tool, ``stop_sequence`` (naming it) when one of ``stop_sequences`` did, else ``end_turn``.
 Usage follows Anthropic's split of the prompt: ``cache_read_input_tokens`` the prefix cache served,
-``cache_creation_input_tokens`` this request computed and wrote into it (its full prefill chunks,
-which the next turn can read), ``input_tokens`` the rest (the last partial chunk); their sum is the
+``cache_creation_input_tokens`` this request computed and wrote into it (its full KV blocks, which
+the next turn can read), ``input_tokens`` the rest (the last partial block); their sum is the
 prompt. Every prompt is cached this way, ``cache_control`` marks or not.
 """
 

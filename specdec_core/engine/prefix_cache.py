@@ -108,6 +108,10 @@ class PrefixCache:
                     self._chunk_of[b] = (key, holder)
         return full, drafted
 
+    def holds(self, block: int) -> bool:
+        """Whether ``block`` holds a cached chunk (the pool parks it when it is freed)."""
+        return block in self._chunk_of
+
     def forget(self, blocks: Iterable[int]) -> None:
         """These blocks are about to be overwritten: the chunks they held are gone from them."""
         for b in blocks:

@@ -164,7 +164,7 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _release(self, req: Request) -> None:
-        self.pool.free(req.blocks)
+        self.pool.free(req.blocks, self.prefix.holds if self.prefix is not None else None)
         req.blocks = []
         req.recorded_chunks = (0, 0)
 

@@ -6,6 +6,13 @@ after its last one when that is free, and a new run starts where it leaves the m
 middle of the longest free run when a used block ends just before it, so that request can still
 grow; among runs of equal length, the lowest).
 
+Free blocks that still hold a cached prompt chunk (the prefix cache's, which the scheduler names
+when it frees them) are *parked*: free, and taken where they lie by a request that finds them
+cached, but handed out as new blocks only when no other free block is left, the least recently
+parked first. Otherwise every new request would start at the front of the pool again and
+overwrite the first chunks of the prompt before it: an agent's side request (a title, a
+sub-agent) between two turns of a long session made the next turn prefill its whole history again.
+
 Why the free runs are indexed: the pool is sized from memory (thousands of blocks for the default
 pair), and scanning every block for the longest run on each new request cost ~0.3 ms a request
 in Python; a workload of many short requests spent 14% of its engine time there. The index keeps
@@ -17,7 +24,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 
 
 class BlockPool:
@@ -28,6 +36,7 @@ class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self._num_free = num_blocks
+        self._parked: dict[int, None] = {}  # free blocks holding cached chunks, least recently parked first
         self._starts: list[int] = []
         self._end_of: dict[int, int] = {}
         self._start_of: dict[int, int] = {}  # run end -> its start, to merge a freed block on the left
@@ -44,12 +53,18 @@ class BlockPool:
         return self.num_blocks - self._num_free
 
     def is_free(self, block: int) -> bool:
-        return self._run_of(block) is not None
+        return block in self._parked or self._run_of(block) is not None
 
     def allocate(self, count: int, after: int | None = None) -> list[int]:
-        """``count`` free blocks, continuing the run that ends at block ``after`` where possible."""
+        """``count`` free blocks, continuing the run that ends at block ``after`` where possible;
+        parked blocks only when the runs are short of ``count`` (see the module docstring)."""
         if count > self._num_free:
             raise RuntimeError(f"{count} blocks asked of a pool with {self._num_free} free")
+        short = count - (self._num_free - len(self._parked))
+        if short > 0:  # the least recently parked join the runs
+            for block in list(itertools.islice(self._parked, short)):
+                del self._parked[block]
+                self._add_free(block)
         out: list[int] = []
         for _ in range(count):
             block = after + 1 if after is not None and after + 1 in self._end_of else self._run_start()
@@ -63,18 +78,26 @@ class BlockPool:
         for b in blocks:
             self._take(b)
 
-    def free(self, blocks: Sequence[int]) -> None:
+    def free(self, blocks: Sequence[int], parked: Callable[[int], bool] | None = None) -> None:
+        """Give back ``blocks``; those ``parked`` says hold a cached chunk are parked."""
         for b in blocks:
             if not 0 <= b < self.num_blocks or self.is_free(b):
                 raise RuntimeError(f"block {b} freed twice")
-            start, end = b, b + 1
-            if end in self._end_of:  # the run after it
-                end = self._remove_run(end)
-            if b in self._start_of:  # the run before it
-                start = self._start_of[b]
-                self._remove_run(start)
-            self._add_run(start, end)
+            if parked is not None and parked(b):
+                self._parked[b] = None
+            else:
+                self._add_free(b)
             self._num_free += 1
+
+    def _add_free(self, b: int) -> None:
+        """Block ``b`` joins the free runs (merged with its neighbours)."""
+        start, end = b, b + 1
+        if end in self._end_of:  # the run after it
+            end = self._remove_run(end)
+        if b in self._start_of:  # the run before it
+            start = self._start_of[b]
+            self._remove_run(start)
+        self._add_run(start, end)
 
     def _run_start(self) -> int:
         """Where a new run of blocks should start (see the module docstring)."""
@@ -94,6 +117,10 @@ class BlockPool:
         return None
 
     def _take(self, block: int) -> None:
+        if block in self._parked:
+            del self._parked[block]
+            self._num_free -= 1
+            return
         start = self._run_of(block)
         if start is None:
             raise RuntimeError(f"block {block} is not free")

@@ -43,6 +43,23 @@ def test_block_tables_address_rows_in_runs():
         pool.free(a[:1])
 
 
+def test_parked_blocks_are_handed_out_last_least_recently_parked_first():
+    """Free blocks that hold cached chunks are parked: taken where they lie, allocated only when
+    the other free blocks run out, the least recently parked first."""
+    pool = BlockPool(8)
+    a, b = pool.allocate(3), pool.allocate(2)
+    assert (a, b) == ([0, 1, 2], [5, 6])
+    pool.free(a, parked=lambda block: block != 2)
+    pool.free(b, parked=lambda block: True)
+    assert pool.num_free == 8 and all(pool.is_free(block) for block in range(8))
+    assert sorted(pool.allocate(4)) == [2, 3, 4, 7]  # every unparked block first
+    assert pool.allocate(2) == [0, 1]  # then the parked ones, oldest first
+    pool.take([5])  # a cached block reused where it lies
+    assert pool.num_free == 1 and pool.is_free(6) and not pool.is_free(5)
+    with pytest.raises(RuntimeError, match="twice"):
+        pool.free([6])
+
+
 def _scan_run_start(free: set[int], num_blocks: int) -> int:
     """The allocator's rule by a scan over every block: the longest free run (the lowest of equals),
     its middle when a used block ends just before it."""

@@ -223,3 +223,16 @@ def test_a_later_turn_finds_the_answer_it_resends_cached_and_gets_a_recompute(pa
     assert cached == (32 if attention == "segments" else 12)
     assert tokens == want_tokens and len(logprobs) == 20
     assert logprobs == want_logprobs  # exact floats, not within a tolerance
+
+
+def test_an_unrelated_request_between_turns_leaves_the_cached_prefix(pair):
+    """An agent's side requests (Claude Code's titles, Codex's sub-agents) come between the turns of
+    a session: while the pool has free blocks that hold nothing cached, a new request takes those,
+    not the blocks of an earlier prompt's cached chunks."""
+    first, second = prompts(3)
+    other = [t + 1 for t in prompts(4)[0]]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    eng = engine(pair, caching=True)
+    run_one(eng, first, params)
+    assert run_one(eng, other, params).stats.cached_tokens == 0
+    assert run_one(eng, second, params).stats.cached_tokens == 3 * CHUNK
