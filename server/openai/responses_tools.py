@@ -48,12 +48,12 @@ class ServedTool:
     parameters: dict[str, Any] | None
 
 
-def custom_parameters(fmt: dict[str, Any] | None) -> dict[str, Any]:
-    """The one-argument schema a custom tool is offered with (the grammar in its description)."""
+def custom_parameters(fmt: Any) -> dict[str, Any]:
+    """The one-argument schema a custom tool is offered with (``fmt``: its ``CustomToolFormat``,
+    None for free text; a grammar goes into the argument's description)."""
     described = "The tool's whole input, as free text."
-    if fmt and fmt.get("type") == "grammar":
-        described = (f"The tool's whole input. It must match this {fmt.get('syntax', 'lark')} grammar:\n"
-                     f"{fmt.get('definition', '')}")
+    if fmt is not None and fmt.type == "grammar":
+        described = f"The tool's whole input. It must match this {fmt.syntax} grammar:\n{fmt.definition}"
     return {"type": "object", "properties": {"input": {"type": "string", "description": described}},
             "required": ["input"], "additionalProperties": False}
 
