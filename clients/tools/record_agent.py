@@ -7,7 +7,7 @@ and streams the answer through unchanged.
     ANTHROPIC_BASE_URL=http://127.0.0.1:8001 claude -p "..."      # or Codex with base_url .../8001/v1
 
 The recordings are what ``tests/server/test_agent_requests.py`` replays (its fixtures were made so)
-and what ``clients/bench.py --kinds agent-replay`` times turn by turn.
+and what ``clients/tools/agent_speed.py --session`` times turn by turn.
 """
 
 from __future__ import annotations
