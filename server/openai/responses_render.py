@@ -223,18 +223,16 @@ class ResponseAnswer:
     def _item_done(self, item: OutputItem, index: int, finish_reason: str | None, count: int) -> list[NamedEvent]:
         where = {"item_id": self._ids[index], "output_index": index}
         status = self._status(index, count, finish_reason) if finish_reason is not None else "completed"
-        if item.kind == "text":
+        done = item_json(item, self._ids[index], status, self.tools)
+        if done["type"] == "message":
             events = [self._event("response.output_text.done", **where, content_index=0, text=item.text, logprobs=[]),
                       self._event("response.content_part.done", **where, content_index=0, part=text_part(item.text))]
-        elif is_custom(item, self.tools):
-            text = custom_input(item.text)
-            events = [self._event("response.custom_tool_call_input.delta", **where, delta=text),
-                      self._event("response.custom_tool_call_input.done", **where, input=text)]
+        elif done["type"] == "custom_tool_call":
+            events = [self._event("response.custom_tool_call_input.delta", **where, delta=done["input"]),
+                      self._event("response.custom_tool_call_input.done", **where, input=done["input"])]
         else:
-            done = item_json(item, self._ids[index], status, self.tools)
             events = [self._event("response.function_call_arguments.done", **where, name=done["name"], arguments=item.text)]
-        events.append(self._event("response.output_item.done", output_index=index,
-                                  item=item_json(item, self._ids[index], status, self.tools)))
+        events.append(self._event("response.output_item.done", output_index=index, item=done))
         return events
 
     def _event(self, event_type: str, **payload: Any) -> NamedEvent:
