@@ -10,7 +10,9 @@ stream started is an ``error`` event in Anthropic's shape, and the stream ends t
 
 The blocks come from ``server.generation.output_items`` (the same items the Responses API and a
 whole answer get). ``stop_reason``: ``max_tokens`` when the budget ended it, ``tool_use`` when it
-called a tool, ``stop_sequence`` (naming it) when one of ``stop_sequences`` did, else ``end_turn``.
+called a tool, ``stop_sequence`` (naming it) when one of ``stop_sequences`` did,
+``model_context_window_exceeded`` when the context ended it before ``max_tokens`` (a ``max_tokens``
+beyond the room the prompt leaves is lowered to it, as Anthropic's API does), else ``end_turn``.
 Usage follows Anthropic's split of the prompt: ``cache_read_input_tokens`` the prefix cache served,
 ``cache_creation_input_tokens`` this request computed and wrote into it (its full KV blocks, which
 the next turn can read), ``input_tokens`` the rest (the last partial block); their sum is the
@@ -56,6 +58,7 @@ class MessageAnswer:
     tools: ToolUse | None
     stop_sequences: list[str]
     tokenizer: Any
+    max_tokens: int
 
     def body(self) -> dict[str, Any]:
         """The non-streamed message of a finished generation."""
@@ -105,7 +108,7 @@ class MessageAnswer:
 
     def _stop(self, choice: Choice, items: list[OutputItem]) -> tuple[str, str | None]:
         if choice.finish_reason == "length":
-            return "max_tokens", None
+            return ("max_tokens" if choice.num_tokens >= self.max_tokens else "model_context_window_exceeded"), None
         if any(item.kind == "call" for item in items):
             return "tool_use", None
         sequence = matched_stop(self.tokenizer, choice, self.stop_sequences)

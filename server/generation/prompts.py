@@ -134,9 +134,12 @@ def render_chat(
 
 
 def resolve_max_tokens(
-    prompt_len: int, requested: int | None, max_model_len: int, *, prompt_param: str, tokens_param: str
+    prompt_len: int, requested: int | None, max_model_len: int, *, prompt_param: str, tokens_param: str,
+    up_to_context: bool = False,
 ) -> int:
-    """The completion budget: ``requested``, or all the room left; 400 when it cannot fit."""
+    """The completion budget: ``requested``, or all the room left; 400 when it cannot fit.
+    ``up_to_context``: a ``requested`` beyond the room left is a cap the context lowers, not an
+    error (Anthropic's ``max_tokens``: the answer then ends with ``model_context_window_exceeded``)."""
     if prompt_len >= max_model_len:
         raise invalid_request(
             f"This model's maximum context length is {max_model_len} tokens. However, your {prompt_param} "
@@ -144,7 +147,7 @@ def resolve_max_tokens(
             prompt_param,
             code="context_length_exceeded",
         )
-    if requested is None:
+    if requested is None or (up_to_context and prompt_len + requested > max_model_len):
         return max_model_len - prompt_len
     if prompt_len + requested > max_model_len:
         raise invalid_request(

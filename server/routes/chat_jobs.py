@@ -47,6 +47,8 @@ class ParamNames:
     # chat field -> the caller's, for a ``param`` that is the field or inside it (first match wins).
     # The whole param is replaced: chat's ``messages[3]`` need not be the caller's third item.
     renames: tuple[tuple[str, str], ...] = ()
+    # the caller's max_tokens is a cap the context may lower (``resolve_max_tokens``' up_to_context)
+    budget_up_to_context: bool = False
 
     def rename(self, param: str | None) -> str | None:
         if param is None:
@@ -112,7 +114,8 @@ async def chat_jobs(
     prompt_ids, tool_use = await render_prompt(state, engine, req)
     tokens_param = names.max_tokens or req.budget_param
     budget = resolve_max_tokens(
-        len(prompt_ids), req.completion_budget, engine.max_model_len, prompt_param=names.prompt, tokens_param=tokens_param
+        len(prompt_ids), req.completion_budget, engine.max_model_len, prompt_param=names.prompt, tokens_param=tokens_param,
+        up_to_context=names.budget_up_to_context,
     )
     try:
         req.check_engine_limits(engine.vocab_size, budget)

@@ -24,9 +24,12 @@ from server.http.jsonio import JSONResponse
 from server.routes.chat_jobs import ParamNames, chat_jobs, render_prompt, to_chat_request
 from server.routes.common import check_model, read_request, server_state
 
-# What chat's fields are called here, for the errors the shared path raises.
+# What chat's fields are called here, for the errors the shared path raises. ``max_tokens`` is a cap
+# the context lowers, as Anthropic's API does: Claude Code asks 32,000 of every request, which a
+# 32k-context model with its ~12k-token prompt cannot give (a 400 on every request otherwise).
 NAMES = ParamNames(prompt="messages", max_tokens="max_tokens", response_format="output_config.format",
-                   renames=(("stop", "stop_sequences"), ("response_format", "output_config.format")))
+                   renames=(("stop", "stop_sequences"), ("response_format", "output_config.format")),
+                   budget_up_to_context=True)
 
 
 async def create_message(request: Request) -> Response:
@@ -39,7 +42,8 @@ async def create_message(request: Request) -> Response:
     prepared = await chat_jobs(state, engine, chat, NAMES)
     generation = start_generation(request, state, engine, prepared.jobs, endpoint="messages", id_prefix="msg",
                                   stream=req.stream, arrival=arrival)
-    answer = MessageAnswer(new_id("msg"), model, generation, prepared.tool_use, req.stop_sequences, engine.tokenizer)
+    answer = MessageAnswer(new_id("msg"), model, generation, prepared.tool_use, req.stop_sequences, engine.tokenizer,
+                           req.max_tokens)
     if req.stream:
         return GenerationStream(generation, answer.events(), Framing(done=None, error=answer.error))
     return await respond_when_done(generation, request, answer.body)

@@ -66,7 +66,7 @@ def test_claude_code_finishes_its_task(npm_clients: Path, agent_server: ServerPr
         "ANTHROPIC_BASE_URL": agent_server.url, "ANTHROPIC_AUTH_TOKEN": "unused", "ANTHROPIC_MODEL": MODEL,
         "ANTHROPIC_DEFAULT_OPUS_MODEL": MODEL, "ANTHROPIC_DEFAULT_SONNET_MODEL": MODEL,
         "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL, "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(CONTEXT),
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "256", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
     })
     logged = requests_logged(agent_server, since)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec_core.execution import gguf_kernels, row_kernels
-from specdec_core.execution.attention import Segment, attend_segments, split_single_rows
+from specdec_core.execution.attention import RowAttention, Segment, attend_rows, attend_segments, split_single_rows
 from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.native_decoder import _rope
 from tests.helpers.gguf_blocks import use_kernel_set
@@ -94,6 +94,80 @@ def test_row_attention_matches_sdpa(impl, heads, kv_heads, head_dim):
     for i in (0, 4, len(segments) - 1):
         _, alone = split_single_rows([Segment(0, 1, segments[i].base, segments[i].kv_len, None, segments[i].gather, 0)])
         assert torch.equal(attend_segments(q[:, i:i + 1], keys, values, [], alone)[0], got[i])
+
+
+def _request_rows(g: torch.Generator, heads: int, kv_heads: int, head_dim: int):
+    """Rows of several requests the way a forward lays them out, and some interleaved: a prompt
+    chunk over tile boundaries (contiguous keys), a request's 5 drafts and a token tree's nodes
+    (uneven lengths over one gathered list), single decode rows, two requests' rows alternating,
+    equal lengths in a group; a query head and some keys of zeros (scores of +0 and -0)."""
+    cache_rows = 700
+    keys = torch.randn(kv_heads, cache_rows, head_dim, generator=g)
+    values = torch.randn(kv_heads, cache_rows, head_dim, generator=g)
+    keys[:, 40:45] = 0.0
+    gathers = [torch.randperm(cache_rows, generator=g)[:n] for n in (300, 200)]
+    first = {0: 0, 1: 300}
+    rows: list[tuple[int, int, int]] = []  # (kv_len, base, first)
+    rows += [(n, 7, -1) for n in range(100, 171)]  # prompt chunk at context 99
+    rows += [(n, 0, first[0]) for n in range(60, 65)]  # drafts to verify
+    rows += [(n, 0, first[1]) for n in (10, 12, 11, 12, 13, 64, 65, 63, 129, 128, 200)]  # tree nodes
+    rows += [(1, 400, -1), (257, 0, first[0]), (300, 0, first[0]), (77, 500, -1)]  # decode rows
+    rows += [x for n in range(63, 70) for x in ((n, 7, -1), (n + 100, 0, first[1]))]  # interleaved
+    rows += [(45, 0, -1)] * 4 + [(44, 0, -1), (3, 0, -1)]  # equal lengths, the zero keys last
+    kv_len, base, first_ = (torch.tensor(c, dtype=torch.int64) for c in zip(*rows))
+    q_rows = torch.randperm(len(rows) + 5, generator=g)[:len(rows)]
+    q = torch.randn(len(rows) + 5, heads, head_dim, generator=g) * 3
+    q[:, 1] = 0.0
+    index = torch.cat(gathers)
+    return q.transpose(0, 1), keys, values, RowAttention(q_rows, kv_len, base, first_, index)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(12, 2, 128), (14, 2, 64), (8, 8, 64), (16, 4, 128),
+                                                     (24, 2, 32), (8, 1, 256), (16, 2, 96), (4, 4, 16)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_row_attention_rows_of_one_request_get_the_bits_of_one_row_alone(impl, heads, kv_heads, head_dim, threads):
+    """The kernel reads a tile of keys once for a group of one request's rows (each up to its own
+    length): every row must still get exactly the bits one call for that row alone gives."""
+    g = torch.Generator().manual_seed(heads * head_dim + kv_heads)
+    q, keys, values, rows = _request_rows(g, heads, kv_heads, head_dim)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = torch.zeros(q.shape[1], heads, head_dim)
+        attend_rows(q, keys, values, rows, out)
+        alone = torch.zeros_like(out)
+        for i in range(rows.rows.numel()):
+            one = RowAttention(*(t[i:i + 1].clone() for t in (rows.rows, rows.kv_len, rows.base, rows.first)),
+                               rows.index)
+            attend_rows(q, keys, values, one, alone)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(out, alone)
+    assert torch.isfinite(out[rows.rows]).all()
+
+
+def test_row_attention_vector_sets_agree_bit_for_bit():
+    """The AVX-512 path computes each key's two 8-lane halves in one register: the same bits as
+    the AVX2 path, so a host's kernel set does not change a row's logits."""
+    sets = [s for s in gguf_kernels.runnable_kernels() if s != "portable"]
+    if len(sets) < 2:
+        pytest.skip(f"this CPU runs one vector kernel set ({sets})")
+    results = []
+    try:
+        for name in sets:
+            gguf_kernels.select_kernels(name)
+            got = []
+            for heads, kv_heads, head_dim in [(12, 2, 128), (14, 2, 64), (24, 2, 32), (16, 2, 96)]:
+                q, keys, values, rows = _request_rows(torch.Generator().manual_seed(heads + head_dim), heads, kv_heads,
+                                                      head_dim)
+                out = torch.zeros(q.shape[1], heads, head_dim)
+                attend_rows(q, keys, values, rows, out)
+                got.append(out)
+            results.append(got)
+    finally:
+        gguf_kernels.select_kernels("auto")
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
 
 
 def test_cpu_float32_runner_uses_the_row_kernels(tiny_model_factory):

@@ -140,3 +140,15 @@ def test_the_key_is_taken_as_x_api_key_or_bearer(keyed_server: ServerProcess) ->
             r = post(keyed_server, body, headers, path)
             assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", (path, r.text)
     assert post(keyed_server, body, {"Authorization": f"Bearer {KEYED_API_KEY}"}).json()["type"] == "message"
+
+
+def test_max_tokens_beyond_the_context_is_lowered_to_it(keyed_server: ServerProcess) -> None:
+    """Claude Code asks 32,000 tokens of every request: a cap the context lowers, as Anthropic's API
+    does, and an answer the context ended says so (the keyed server's context is 512 tokens)."""
+    body = {"model": MODEL, "max_tokens": 32_000, "messages": [{"role": "user", "content": "Tell me a story."}],
+            "temperature": 0.0}
+    m = post(keyed_server, body).json()
+    usage = m["usage"]
+    prompt = usage["input_tokens"] + usage["cache_creation_input_tokens"] + usage["cache_read_input_tokens"]
+    assert m["stop_reason"] == "model_context_window_exceeded" and prompt + usage["output_tokens"] == 512, m
+    assert post(keyed_server, {**body, "max_tokens": 3}).json()["stop_reason"] == "max_tokens"
