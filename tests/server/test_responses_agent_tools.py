@@ -166,3 +166,12 @@ def test_input_tokens_counts_the_prompt(keyed_server: ServerProcess) -> None:
     assert counted.json()["input_tokens"] == post(keyed_server, "/v1/responses", body).json()["usage"]["input_tokens"]
     compact = post(keyed_server, "/v1/responses/compact", {"model": MODEL, "input": "hi"})
     assert compact.status_code == 404 and compact.json()["error"]["code"] == "not_supported"
+
+
+def test_models_list_carries_the_context_and_codex_model_info(keyed_server: ServerProcess) -> None:
+    listed = httpx.get(keyed_server.url + "/v1/models", headers={"Authorization": f"Bearer {KEYED_API_KEY}"}).json()
+    [card], [info] = listed["data"], listed["models"]
+    assert card["id"] == info["slug"] == MODEL and card["max_model_len"] == info["context_window"] == 512
+    # the fields Codex's ModelInfo cannot do without
+    assert {"display_name", "supported_reasoning_levels", "shell_type", "visibility", "supported_in_api", "priority",
+            "support_verbosity", "truncation_policy", "experimental_supported_tools"} <= info.keys()
