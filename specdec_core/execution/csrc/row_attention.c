@@ -1,30 +1,56 @@
 /* Attention of single query rows over a request's own cached keys, float32 (the CPU's decode and
- * draft rows: every attention segment of one row).
+ * draft rows, and prompt rows attended one by one: every attention segment of one row).
  *
  * Why our own: on the 2-core dev machine a one-query torch call (scaled_dot_product_attention,
  * or bmm/softmax/bmm) costs 80-165 us for 12 heads over 256 keys, almost all of it per-op
  * overhead, and a step of the 1.5B makes 28 such calls per row (5 rows to verify 4 drafts). Here
  * one call per layer covers every single row of the forward.
  *
- * A row's result depends only on its own query, keys and values: each (row, key/value head) is
- * one part computed by one thread, and each query head with the same instruction sequence
- * whatever the batch, so a draft row gets exactly the bits the same token gets when it is
- * decoded alone later.
+ * Why rows are grouped: the rows of one request (a prompt chunk, a request's drafts) read the
+ * same keys, each up to its own position. Attended one at a time, a 512-row prompt chunk at 8k
+ * context reads all 8k keys and values of its head from memory once per row, and scoring a key
+ * costs more loads than multiply-adds. So consecutive rows that read the same keys (the same
+ * gathered list, or the same run of cache rows) form a group of up to ROW_GROUP rows, and a part
+ * (one thread's task) is (row group, key/value head): each tile of TILE keys is read from memory
+ * once for every row of the group and every query head of the key/value head, and the dot
+ * products load each key once for several (row, head) queries and each value once for several
+ * outputs. A decode row is a group of its own, as before.
+ *
+ * Why a row's bits do not change: a row's result depends only on its own query, keys and values,
+ * whichever rows share its group, as when it was attended alone. Each row walks the same tiles
+ * from position 0, its last tile cut at its own kv_len (a row past its keys stops). A key's score
+ * is one fixed sum whatever it is computed beside: per dim i mod 16 a chain of multiply-adds in
+ * dim order from zero, then chains 0-7 + chains 8-15 and one fixed tree (reduce4); where a block
+ * of four keys runs past a row's keys, its last key is repeated and those scores are never read.
+ * A row's scale, tile maximum, rescale, exps and running sum are per tile in the same order; each
+ * output value adds the tile's weighted values one key at a time in key order, however many
+ * outputs share the loads and however many dims a register holds. The AVX-512 path holds a key's
+ * 16 chains in one register where the AVX2 path holds two registers of 8: lane for lane the same
+ * multiply-adds, then the same final sum. So a draft row gets exactly the bits the same token
+ * gets when it is decoded alone later, and a prompt row the bits decoding that token gives
+ * (tests/execution/test_row_kernels.py compares a batch with one call per row, and the AVX2 and
+ * AVX-512 paths with each other).
  *
  * softmax(q.K^T * scale) V per head, with the exp of row_math.h (no libm call per key). */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include "gguf_kernels.h"
 #include "row_math.h"
 
 #define MAX_HEAD_DIM 512
-#define TILE 64 /* keys per tile of the AVX2 kernel: 32 KB of a 128-dim head's keys and values */
+#define TILE 64 /* keys per tile of the vector kernels: 32 KB of a 128-dim head's keys and values */
 #define MAX_GROUP 8 /* query heads per key/value head computed in one pass over the keys */
+/* Rows of one request per part: each tile is then read from memory once per 16 rows (more rows
+ * gain little once the keys are read less often than they are multiplied). */
+#define ROW_GROUP 16
+#define MAX_PAIRS (ROW_GROUP * MAX_GROUP) /* (row, query head) pairs of one pass */
 
 typedef struct {
     const float *q, *keys, *values;
     float *out;
     const int64_t *rows, *kv_len, *base, *first, *index;
+    const int64_t *group; /* group g: rows group[g] .. group[g + 1] - 1 */
     int64_t q_row_stride, out_row_stride, head_stride;
     int heads, kv_heads, head_dim;
     float scale;
@@ -70,136 +96,367 @@ static void head_scalar(const attend_job *j, int64_t r, int h) {
 }
 
 #if defined(__x86_64__) || defined(__i386__)
+/* The vector kernels score P queries against a tile's keys, 4 keys at a time (scores_fn: s_p[c]
+ * for the blocks of four covering c < n, krow padded to them), and add a tile's weighted values
+ * to P outputs (values_fn: keys c0 .. c1 - 1); head_dim is a multiple of 16. */
+typedef void (*scores_fn)(const float *const *q, const float *const *krow, int d, float *const *s, int n);
+typedef void (*values_fn)(const float *const *vrow, int c0, int c1, const float *const *e, float *const *acc, int d);
+typedef struct {
+    int sp, vp;              /* queries of `scores`, outputs of `values` */
+    scores_fn scores, score; /* sp queries; one query */
+    values_fn values, value; /* vp outputs; one output */
+} vec_kernels;
+
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #include <immintrin.h>
 
 #include "avx2_common.h"
 
-/* s[c] = q . k_c for 4 keys at once (each key's products summed in one fixed order; a key
- * scored alone is passed four times, so every key of a row is scored the same way). */
-static inline __m128 dot4(const float *q, const float *k0, const float *k1, const float *k2, const float *k3, int d) {
-    __m256 a[8];
-    for (int c = 0; c < 8; c++) a[c] = _mm256_setzero_ps();
-    for (int i = 0; i < d; i += 16) {
-        const __m256 qa = _mm256_loadu_ps(q + i), qb = _mm256_loadu_ps(q + i + 8);
-        a[0] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + i), a[0]);
-        a[1] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k1 + i), a[1]);
-        a[2] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k2 + i), a[2]);
-        a[3] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k3 + i), a[3]);
-        a[4] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k0 + i + 8), a[4]);
-        a[5] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k1 + i + 8), a[5]);
-        a[6] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k2 + i + 8), a[6]);
-        a[7] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k3 + i + 8), a[7]);
-    }
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[1], a[5])),
-                                    _mm256_hadd_ps(_mm256_add_ps(a[2], a[6]), _mm256_add_ps(a[3], a[7])));
+/* 4 keys' scores from their chains: x_c = (chains 0-7 of key c) + (chains 8-15), then a fixed
+ * tree. Every vector path ends a key's dot product here. */
+INLINE __m128 reduce4(__m256 x0, __m256 x1, __m256 x2, __m256 x3) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(x0, x1), _mm256_hadd_ps(x2, x3));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* acc[i .. i + 8 w) += sum over the tile's keys c of e[c] * value_c[i ..], the accumulators in
- * registers (w is a constant at every call: 8 or 2). */
-static inline __attribute__((always_inline)) void add_values(const float *const *vrow, int cnt, const float *e,
-                                                             float *acc, int i, const int w) {
-    __m256 o[8];
-    for (int b = 0; b < w; b++) o[b] = _mm256_load_ps(acc + i + 8 * b);
-    for (int c = 0; c < cnt; c++) {
-        const float *v = vrow[c] + i;
-        const __m256 ec = _mm256_set1_ps(e[c]);
-        for (int b = 0; b < w; b++) o[b] = _mm256_fmadd_ps(ec, _mm256_loadu_ps(v + 8 * b), o[b]);
+/* One query: both halves of the 4 keys' chains in one pass (8 accumulators). */
+static void scores_avx2_1(const float *const *qs, const float *const *krow, int d, float *const *s, int n) {
+    const float *q = qs[0];
+    for (int c = 0; c < n; c += 4) {
+        const float *k0 = krow[c], *k1 = krow[c + 1], *k2 = krow[c + 2], *k3 = krow[c + 3];
+        __m256 a[8];
+        for (int x = 0; x < 8; x++) a[x] = _mm256_setzero_ps();
+        for (int i = 0; i < d; i += 16) {
+            const __m256 qa = _mm256_loadu_ps(q + i), qb = _mm256_loadu_ps(q + i + 8);
+            a[0] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + i), a[0]);
+            a[1] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k1 + i), a[1]);
+            a[2] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k2 + i), a[2]);
+            a[3] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k3 + i), a[3]);
+            a[4] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k0 + i + 8), a[4]);
+            a[5] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k1 + i + 8), a[5]);
+            a[6] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k2 + i + 8), a[6]);
+            a[7] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k3 + i + 8), a[7]);
+        }
+        _mm_storeu_ps(s[0] + c, reduce4(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[1], a[5]),
+                                        _mm256_add_ps(a[2], a[6]), _mm256_add_ps(a[3], a[7])));
     }
-    for (int b = 0; b < w; b++) _mm256_store_ps(acc + i + 8 * b, o[b]);
 }
 
-/* Flash-attention style over tiles of TILE keys, for the query heads [h0, h0 + hn) that share
- * one key/value head: a tile is read from memory once and then from the cache for every head.
- * Per head, the tile's scores, their maximum and exps are computed in a stack buffer, then its
- * values are added to the output 64 (or 16) dims at a time with the accumulators in registers; a head's
- * running sum and output are rescaled when its maximum grows. A head's arithmetic does not
- * depend on the other heads of the group. head_dim is a multiple of 16 (64, 128, ...). */
-static void heads_avx2(const attend_job *j, int64_t r, int kvh, int h0, int hn) {
-    const int d = j->head_dim;
-    const int64_t n = j->kv_len[r];
-    float acc[MAX_GROUP][MAX_HEAD_DIM] __attribute__((aligned(32)));
-    float s[MAX_GROUP][TILE] __attribute__((aligned(32))), m[MAX_GROUP];
-    __m256 vsum[MAX_GROUP];
-    for (int hh = 0; hh < hn; hh++) {
-        m[hh] = -INFINITY;
-        vsum[hh] = _mm256_setzero_ps();
-        for (int i = 0; i < d; i += 8) _mm256_store_ps(acc[hh] + i, _mm256_setzero_ps());
-    }
-    const float *krow[TILE], *vrow[TILE];
-    for (int64_t t0 = 0; t0 < n; t0 += TILE) {
-        const int cnt = n - t0 < TILE ? (int)(n - t0) : TILE;
-        for (int c = 0; c < cnt; c++) {
-            krow[c] = key_row(j, j->keys, r, t0 + c, kvh);
-            vrow[c] = key_row(j, j->values, r, t0 + c, kvh);
+/* Two queries: each key loaded once for both. The chains of dims 0-7 (mod 16) run first, then
+ * those of dims 8-15, so that 8 accumulators fit the 16 registers. */
+static void scores_avx2_2(const float *const *q, const float *const *krow, int d, float *const *s, int n) {
+    for (int c = 0; c < n; c += 4) {
+        const float *const *k = krow + c;
+        __m256 lo[2][4], a[2][4];
+        for (int half = 0; half < 2; half++) {
+            for (int p = 0; p < 2; p++)
+                for (int kk = 0; kk < 4; kk++) a[p][kk] = _mm256_setzero_ps();
+            for (int i = 8 * half; i < d; i += 16) {
+                const __m256 q0 = _mm256_loadu_ps(q[0] + i), q1 = _mm256_loadu_ps(q[1] + i);
+                for (int kk = 0; kk < 4; kk++) {
+                    __m256 kv = _mm256_loadu_ps(k[kk] + i);
+                    __asm__("" : "+x"(kv)); /* one load, not one folded into each query's multiply-add */
+                    a[0][kk] = _mm256_fmadd_ps(q0, kv, a[0][kk]);
+                    a[1][kk] = _mm256_fmadd_ps(q1, kv, a[1][kk]);
+                }
+            }
+            if (half == 0)
+                for (int p = 0; p < 2; p++)
+                    for (int kk = 0; kk < 4; kk++) lo[p][kk] = a[p][kk];
         }
+        for (int p = 0; p < 2; p++)
+            _mm_storeu_ps(s[p] + c, reduce4(_mm256_add_ps(lo[p][0], a[p][0]), _mm256_add_ps(lo[p][1], a[p][1]),
+                                            _mm256_add_ps(lo[p][2], a[p][2]), _mm256_add_ps(lo[p][3], a[p][3])));
+    }
+}
+
+/* acc_p[i .. i + 8 W) += e_p[c] * value_c[i ..] for c in [c0, c1) in key order, for P outputs
+ * (one load of a value serves them all), the accumulators in registers. */
+INLINE void values_avx2(const float *const *vrow, int c0, int c1, const float *const *e, float *const *acc, int i,
+                        const int P, const int W) {
+    __m256 o[2][8];
+    for (int p = 0; p < P; p++)
+        for (int b = 0; b < W; b++) o[p][b] = _mm256_load_ps(acc[p] + i + 8 * b);
+    for (int c = c0; c < c1; c++) {
+        const float *v = vrow[c] + i;
+        __m256 vv[8];
+        for (int b = 0; b < W; b++) vv[b] = _mm256_loadu_ps(v + 8 * b);
+        for (int p = 0; p < P; p++) {
+            const __m256 ec = _mm256_set1_ps(e[p][c]);
+            for (int b = 0; b < W; b++) o[p][b] = _mm256_fmadd_ps(ec, vv[b], o[p][b]);
+        }
+    }
+    for (int p = 0; p < P; p++)
+        for (int b = 0; b < W; b++) _mm256_store_ps(acc[p] + i + 8 * b, o[p][b]);
+}
+
+static void values_avx2_1(const float *const *vrow, int c0, int c1, const float *const *e, float *const *acc, int d) {
+    if (d % 64 == 0)
+        for (int i = 0; i < d; i += 64) values_avx2(vrow, c0, c1, e, acc, i, 1, 8);
+    else
+        for (int i = 0; i < d; i += 16) values_avx2(vrow, c0, c1, e, acc, i, 1, 2);
+}
+
+static void values_avx2_2(const float *const *vrow, int c0, int c1, const float *const *e, float *const *acc, int d) {
+    if (d % 32 == 0)
+        for (int i = 0; i < d; i += 32) values_avx2(vrow, c0, c1, e, acc, i, 2, 4);
+    else
+        for (int i = 0; i < d; i += 16) values_avx2(vrow, c0, c1, e, acc, i, 2, 2);
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma")
+/* The AVX-512 forms: a 16-lane register holds a key's 16 chains (the AVX2 path's two registers
+ * side by side), and the final sum adds its two halves as the AVX2 path adds its registers. */
+static inline __attribute__((always_inline)) void scores_512(const float *const *q, const float *const *krow, int d,
+                                                             float *const *s, int n, const int P) {
+    for (int c = 0; c < n; c += 4) {
+        const float *const *k = krow + c;
+        __m512 a[4][4];
+        for (int p = 0; p < P; p++)
+            for (int kk = 0; kk < 4; kk++) a[p][kk] = _mm512_setzero_ps();
+        for (int i = 0; i < d; i += 16) {
+            __m512 qv[4];
+            for (int p = 0; p < P; p++) qv[p] = _mm512_loadu_ps(q[p] + i);
+            for (int kk = 0; kk < 4; kk++) {
+                const __m512 kv = _mm512_loadu_ps(k[kk] + i);
+                for (int p = 0; p < P; p++) a[p][kk] = _mm512_fmadd_ps(qv[p], kv, a[p][kk]);
+            }
+        }
+        for (int p = 0; p < P; p++) {
+            __m256 x[4];
+            for (int kk = 0; kk < 4; kk++)
+                x[kk] = _mm256_add_ps(_mm512_castps512_ps256(a[p][kk]), _mm512_extractf32x8_ps(a[p][kk], 1));
+            _mm_storeu_ps(s[p] + c, reduce4(x[0], x[1], x[2], x[3]));
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void values_512(const float *const *vrow, int c0, int c1,
+                                                             const float *const *e, float *const *acc, int i,
+                                                             const int P, const int W) {
+    __m512 o[4][4];
+    for (int p = 0; p < P; p++)
+        for (int b = 0; b < W; b++) o[p][b] = _mm512_load_ps(acc[p] + i + 16 * b);
+    for (int c = c0; c < c1; c++) {
+        const float *v = vrow[c] + i;
+        __m512 vv[4];
+        for (int b = 0; b < W; b++) vv[b] = _mm512_loadu_ps(v + 16 * b);
+        for (int p = 0; p < P; p++) {
+            const __m512 ec = _mm512_set1_ps(e[p][c]);
+            for (int b = 0; b < W; b++) o[p][b] = _mm512_fmadd_ps(ec, vv[b], o[p][b]);
+        }
+    }
+    for (int p = 0; p < P; p++)
+        for (int b = 0; b < W; b++) _mm512_store_ps(acc[p] + i + 16 * b, o[p][b]);
+}
+
+static void scores_512_1(const float *const *q, const float *const *krow, int d, float *const *s, int n) {
+    scores_512(q, krow, d, s, n, 1);
+}
+static void scores_512_4(const float *const *q, const float *const *krow, int d, float *const *s, int n) {
+    scores_512(q, krow, d, s, n, 4);
+}
+#define VALUES_512(P)                                                                                             \
+    static void values_512_##P(const float *const *vrow, int c0, int c1, const float *const *e, float *const *acc, \
+                               int d) {                                                                           \
+        if (d % 64 == 0)                                                                                          \
+            for (int i = 0; i < d; i += 64) values_512(vrow, c0, c1, e, acc, i, P, 4);                            \
+        else if (d % 32 == 0)                                                                                     \
+            for (int i = 0; i < d; i += 32) values_512(vrow, c0, c1, e, acc, i, P, 2);                            \
+        else                                                                                                      \
+            for (int i = 0; i < d; i += 16) values_512(vrow, c0, c1, e, acc, i, P, 1);                            \
+    }
+VALUES_512(1)
+VALUES_512(4)
+#undef VALUES_512
+#pragma GCC pop_options
+
+static const vec_kernels AVX2 = {2, 2, scores_avx2_2, scores_avx2_1, values_avx2_2, values_avx2_1};
+static const vec_kernels AVX512 = {4, 4, scores_512_4, scores_512_1, values_512_4, values_512_1};
+
+/* The floats of a pass's state for np (row, head) pairs: outputs, one tile's scores, running
+ * sums (8 lanes) and maxima. */
+static inline size_t state_floats(int np, int d) { return (size_t)np * (size_t)(d + TILE + 8 + 1); }
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+/* Flash-attention style over tiles of TILE keys, for the rows [r0, r0 + nr) (which read the same
+ * keys) and the query heads [h0, h0 + hn) that share the key/value head kvh: a tile is read from
+ * memory once and then from the cache for every (row, head) pair. Per pair, the tile's scores,
+ * their maximum and exps are computed in `state`, then its values are added to the output with
+ * the accumulators in registers; a pair's running sum and output are rescaled when its maximum
+ * grows. A pair's arithmetic does not depend on the other pairs of the group. A single row (a
+ * decode step) takes the one-query forms: its keys mostly come from memory, where sharing the
+ * loads between heads made it slower. */
+static void rows_vec(const attend_job *j, const vec_kernels *K, int64_t r0, int nr, int kvh, int h0, int hn,
+                     float *state) {
+    const int d = j->head_dim, np = nr * hn, sp = nr > 1 ? K->sp : 1, vp = nr > 1 ? K->vp : 1;
+    float *const acc = state, *const sbuf = state + np * d, *const vsum = sbuf + np * TILE, *const m = vsum + np * 8;
+    const float *qp[MAX_PAIRS];
+    int cnt[MAX_PAIRS], act[MAX_PAIRS];
+    int64_t n = 0;
+    for (int ri = 0; ri < nr; ri++) {
+        if (j->kv_len[r0 + ri] > n) n = j->kv_len[r0 + ri];
         for (int hh = 0; hh < hn; hh++) {
-            const float *q = query(j, r, h0 + hh);
-            float *sc = s[hh], tm = -INFINITY;
-            int c = 0;
-            for (; c + 4 <= cnt; c += 4)
-                _mm_store_ps(sc + c, dot4(q, krow[c], krow[c + 1], krow[c + 2], krow[c + 3], d));
-            for (; c < cnt; c++) sc[c] = _mm_cvtss_f32(dot4(q, krow[c], krow[c], krow[c], krow[c], d));
-            for (c = 0; c < cnt; c++) {
+            const int p = ri * hn + hh;
+            qp[p] = query(j, r0 + ri, h0 + hh);
+            m[p] = -INFINITY;
+            _mm256_store_ps(vsum + 8 * p, _mm256_setzero_ps());
+            for (int i = 0; i < d; i += 8) _mm256_store_ps(acc + p * d + i, _mm256_setzero_ps());
+        }
+    }
+    const float *krow[TILE + 3], *vrow[TILE];
+    const __m256 vscale = _mm256_set1_ps(j->scale);
+    for (int64_t t0 = 0; t0 < n; t0 += TILE) {
+        const int cmax = n - t0 < TILE ? (int)(n - t0) : TILE;
+        for (int c = 0; c < cmax; c++) {
+            krow[c] = key_row(j, j->keys, r0, t0 + c, kvh);
+            vrow[c] = key_row(j, j->values, r0, t0 + c, kvh);
+        }
+        for (int c = cmax; c % 4; c++) krow[c] = krow[cmax - 1]; /* pads the last block of four */
+        /* the next tile's keys and values on their way while this one is computed: a decode
+         * row's keys mostly come from memory */
+        const int next = n - t0 - TILE < TILE ? (int)(n - t0 - TILE) : TILE;
+        for (int c = 0; c < next; c++) {
+            const char *k = (const char *)key_row(j, j->keys, r0, t0 + TILE + c, kvh);
+            const char *v = (const char *)key_row(j, j->values, r0, t0 + TILE + c, kvh);
+            for (int b = 0; b < d * (int)sizeof(float); b += 64) {
+                _mm_prefetch(k + b, _MM_HINT_T0);
+                _mm_prefetch(v + b, _MM_HINT_T0);
+            }
+        }
+        int na = 0; /* the pairs whose rows have keys in this tile, and how many */
+        for (int ri = 0; ri < nr; ri++) {
+            const int64_t left = j->kv_len[r0 + ri] - t0;
+            if (left <= 0) continue;
+            for (int hh = 0; hh < hn; hh++) {
+                cnt[ri * hn + hh] = left < TILE ? (int)left : TILE;
+                act[na++] = ri * hn + hh;
+            }
+        }
+        /* scores: sp pairs at a time over the blocks of four keys the longest of them has */
+        int a = 0;
+        for (; sp > 1 && a + sp <= na; a += sp) {
+            const float *qs[4];
+            float *ss[4];
+            int most = 0;
+            for (int x = 0; x < sp; x++) {
+                qs[x] = qp[act[a + x]], ss[x] = sbuf + act[a + x] * TILE;
+                if (cnt[act[a + x]] > most) most = cnt[act[a + x]];
+            }
+            K->scores(qs, krow, d, ss, most);
+        }
+        for (; a < na; a++) {
+            float *ss = sbuf + act[a] * TILE;
+            K->score(&qp[act[a]], krow, d, &ss, cnt[act[a]]);
+        }
+        /* per pair: scale, the tile's maximum, rescale, exps and their sum */
+        for (a = 0; a < na; a++) {
+            const int p = act[a], cn = cnt[p];
+            float *sc = sbuf + p * TILE, *ap = acc + p * d, tm = -INFINITY, lanes[8] __attribute__((aligned(32)));
+            int c;
+            /* tm = the largest score. Lane-wise max, then over the lanes: the value a scan of
+             * `if (s > tm) tm = s` finds, but for the sign of a zero maximum, which changes no
+             * bit of the result (exp(+0) = exp(-0) = 1, and x - (+0) = x - (-0)). */
+            __m256 top = _mm256_set1_ps(-INFINITY);
+            for (c = 0; c + 8 <= cn; c += 8) {
+                const __m256 x = _mm256_mul_ps(_mm256_load_ps(sc + c), vscale);
+                _mm256_store_ps(sc + c, x);
+                top = _mm256_max_ps(x, top); /* x > top ? x : top: a NaN score is passed over */
+            }
+            _mm256_store_ps(lanes, top);
+            for (int l = 0; l < 8; l++)
+                if (lanes[l] > tm) tm = lanes[l];
+            for (; c < cn; c++) {
                 sc[c] *= j->scale;
                 if (sc[c] > tm) tm = sc[c];
             }
-            if (tm > m[hh]) {
-                const __m256 f = _mm256_set1_ps(exp_poly(m[hh] - tm));
-                for (int i = 0; i < d; i += 8) _mm256_store_ps(acc[hh] + i, _mm256_mul_ps(_mm256_load_ps(acc[hh] + i), f));
-                vsum[hh] = _mm256_mul_ps(vsum[hh], f);
-                m[hh] = tm;
+            __m256 sum = _mm256_load_ps(vsum + 8 * p);
+            if (tm > m[p]) {
+                const __m256 f = _mm256_set1_ps(exp_poly(m[p] - tm));
+                for (int i = 0; i < d; i += 8) _mm256_store_ps(ap + i, _mm256_mul_ps(_mm256_load_ps(ap + i), f));
+                sum = _mm256_mul_ps(sum, f);
+                m[p] = tm;
             }
-            const __m256 vm = _mm256_set1_ps(m[hh]);
-            for (c = 0; c + 8 <= cnt; c += 8) {
+            const __m256 vm = _mm256_set1_ps(m[p]);
+            for (c = 0; c + 8 <= cn; c += 8) {
                 const __m256 e = exp_poly8(_mm256_sub_ps(_mm256_load_ps(sc + c), vm));
                 _mm256_store_ps(sc + c, e);
-                vsum[hh] = _mm256_add_ps(vsum[hh], e);
+                sum = _mm256_add_ps(sum, e);
             }
-            for (; c < cnt; c++) {
-                sc[c] = exp_poly(sc[c] - m[hh]);
-                vsum[hh] = _mm256_add_ps(vsum[hh], _mm256_setr_ps(sc[c], 0, 0, 0, 0, 0, 0, 0));
+            for (; c < cn; c++) {
+                sc[c] = exp_poly(sc[c] - m[p]);
+                sum = _mm256_add_ps(sum, _mm256_setr_ps(sc[c], 0, 0, 0, 0, 0, 0, 0));
             }
+            _mm256_store_ps(vsum + 8 * p, sum);
         }
-        for (int hh = 0; hh < hn; hh++) {
-            if (d % 64 == 0)
-                for (int i = 0; i < d; i += 64) add_values(vrow, cnt, s[hh], acc[hh], i, 8);
-            else
-                for (int i = 0; i < d; i += 16) add_values(vrow, cnt, s[hh], acc[hh], i, 2);
+        /* values: vp pairs at a time over the keys they all have, then each pair's own rest */
+        for (a = 0; vp > 1 && a + vp <= na; a += vp) {
+            const float *es[4];
+            float *accs[4];
+            int least = TILE;
+            for (int x = 0; x < vp; x++) {
+                es[x] = sbuf + act[a + x] * TILE, accs[x] = acc + act[a + x] * d;
+                if (cnt[act[a + x]] < least) least = cnt[act[a + x]];
+            }
+            K->values(vrow, 0, least, es, accs, d);
+            for (int x = 0; x < vp; x++)
+                if (cnt[act[a + x]] > least) K->value(vrow, least, cnt[act[a + x]], es + x, accs + x, d);
+        }
+        for (; a < na; a++) {
+            const float *es = sbuf + act[a] * TILE;
+            float *accs = acc + act[a] * d;
+            K->value(vrow, 0, cnt[act[a]], &es, &accs, d);
         }
     }
-    for (int hh = 0; hh < hn; hh++) {
-        float *out = output(j, r, h0 + hh);
-        const __m256 sum = _mm256_set1_ps(hsum8(vsum[hh]));
-        for (int i = 0; i < d; i += 8) _mm256_storeu_ps(out + i, _mm256_div_ps(_mm256_load_ps(acc[hh] + i), sum));
+    for (int p = 0; p < np; p++) {
+        float *out = output(j, r0 + p / hn, h0 + p % hn);
+        const __m256 sum = _mm256_set1_ps(hsum8(_mm256_load_ps(vsum + 8 * p)));
+        for (int i = 0; i < d; i += 8) _mm256_storeu_ps(out + i, _mm256_div_ps(_mm256_load_ps(acc + p * d + i), sum));
     }
 }
 #pragma GCC pop_options
 #endif
 
-/* Part = (row, key/value head): its query heads read the same keys. */
+/* Part = (row group, key/value head): its rows and query heads read the same keys. */
 static void attend_part(const void *job, int part) {
     const attend_job *j = job;
-    const int64_t r = part / j->kv_heads;
-    const int kvh = part % j->kv_heads, group = j->heads / j->kv_heads;
-    for (int h = kvh * group; h < (kvh + 1) * group; h += MAX_GROUP) {
-        const int hn = (kvh + 1) * group - h < MAX_GROUP ? (kvh + 1) * group - h : MAX_GROUP;
+    const int64_t g = part / j->kv_heads, r0 = j->group[g];
+    const int nr = (int)(j->group[g + 1] - r0), kvh = part % j->kv_heads, group = j->heads / j->kv_heads;
 #if defined(__x86_64__) || defined(__i386__)
-        if (j->head_dim % 16 == 0 && !sd_use_scalar()) {
-            heads_avx2(j, r, kvh, h, hn);
-            continue;
+    if (j->head_dim % 16 == 0 && !sd_use_scalar()) {
+        const vec_kernels *K = sd_kernel_impl() >= SD_IMPL_VNNI ? &AVX512 : &AVX2;
+        /* one row's state on the stack, a group's (up to ROW_GROUP times more) on the heap */
+        float one[MAX_GROUP * (MAX_HEAD_DIM + TILE + 8 + 1)] __attribute__((aligned(64)));
+        const int most = group < MAX_GROUP ? group : MAX_GROUP;
+        float *state = nr == 1 ? one : aligned_alloc(64, (state_floats(nr * most, j->head_dim) * sizeof(float) + 63) / 64 * 64);
+        for (int h = kvh * group; h < (kvh + 1) * group; h += MAX_GROUP) {
+            const int hn = (kvh + 1) * group - h < MAX_GROUP ? (kvh + 1) * group - h : MAX_GROUP;
+            if (state)
+                rows_vec(j, K, r0, nr, kvh, h, hn, state);
+            else /* no memory for the group's state: its rows one at a time, the same bits */
+                for (int ri = 0; ri < nr; ri++) rows_vec(j, K, r0 + ri, 1, kvh, h, hn, one);
         }
-#endif
-        for (int hh = h; hh < h + hn; hh++) head_scalar(j, r, hh);
+        if (state != one) free(state);
+        return;
     }
+#endif
+    for (int h = kvh * group; h < (kvh + 1) * group; h++)
+        for (int64_t r = r0; r < r0 + nr; r++) head_scalar(j, r, h);
+}
+
+/* Rows r - 1 and r read the same keys: the same gathered list, or the same run of cache rows. */
+static int same_keys(const int64_t *base, const int64_t *first, int64_t r) {
+    return first[r] == first[r - 1] && (first[r] >= 0 || base[r] == base[r - 1]);
 }
 
 /* out[rows[r], h, :] = softmax(q[rows[r], h, :] . K^T * scale) V for every row r < nrows and head
  * h, over the row's kv_len[r] keys: cache rows base[r] + t, or index[first[r] + t] where
  * first[r] >= 0. keys/values: one layer's cache [kv_heads, cache_rows, head_dim] (head_stride
- * floats between heads). Returns 0, or -2 for shapes it does not take. */
+ * floats between heads). Returns 0, -2 for shapes it does not take, -12 without memory. */
 int sd_attend_rows(const float *q, int64_t q_row_stride, const float *keys, const float *values, int64_t head_stride,
                    const int64_t *rows, const int64_t *kv_len, const int64_t *base, const int64_t *first,
                    const int64_t *index, int64_t nrows, int heads, int kv_heads, int head_dim, float scale,
@@ -207,8 +464,20 @@ int sd_attend_rows(const float *q, int64_t q_row_stride, const float *keys, cons
     if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0 || head_dim <= 0 || head_dim > MAX_HEAD_DIM) return -2;
     for (int64_t r = 0; r < nrows; r++)
         if (kv_len[r] <= 0) return -2;
-    const attend_job job = {q, keys, values, out, rows, kv_len, base, first, index,
+    /* Groups of consecutive rows with the same keys, of at most ROW_GROUP rows, and fewer where
+     * that would leave threads without a part (a few drafts of one request on several threads). */
+    int64_t most = ROW_GROUP;
+    if (threads > 1 && (nrows * kv_heads + threads - 1) / threads < most) most = (nrows * kv_heads + threads - 1) / threads;
+    if (most < 1) most = 1;
+    int64_t small[65], *group = nrows < 65 ? small : malloc(sizeof(int64_t) * (size_t)(nrows + 1));
+    if (!group) return -12;
+    int64_t ngroups = 0;
+    for (int64_t r = 0; r < nrows; r++)
+        if (r == 0 || r - group[ngroups - 1] >= most || !same_keys(base, first, r)) group[ngroups++] = r;
+    group[ngroups] = nrows;
+    const attend_job job = {q, keys, values, out, rows, kv_len, base, first, index, group,
                             q_row_stride, out_row_stride, head_stride, heads, kv_heads, head_dim, scale};
-    sd_run_parts(attend_part, &job, (int)(nrows * kv_heads), threads);
+    sd_run_parts(attend_part, &job, (int)(ngroups * kv_heads), threads);
+    if (group != small) free(group);
     return 0;
 }
