@@ -13,8 +13,9 @@ cache served), on specdec and any peer (llama.cpp's ``llama-server`` on the same
 - Session replay: every ``/v1/messages`` and ``/v1/responses`` request of a recording
   (``clients/tools/record_agent.py``), in order, streamed, with the served model's name, each turn's
   history as the agent sent it. A turn's TTFT against the first turn's shows what the prefix cache
-  saves; on specdec the session runs twice, speculation off (``"speculative": false``) then on, and
-  each turn's tokens/s on over off is its speculation speed-up. ``--max-tokens`` caps each answer.
+  saves; on specdec (``/v1/models`` says who serves) the session runs twice, speculation off
+  (``"speculative": false``) then on, and each turn's tokens/s on over off is its speculation
+  speed-up (``--temperature 0``: the same answer in both arms). ``--max-tokens`` caps each answer.
 
 Prints a table per part and writes them as JSON (``--out``).
 """
@@ -33,11 +34,13 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = sorted((REPO / "server").rglob("*.py")) + sorted((REPO / "specdec_core").rglob("*.py"))
-CHARS_PER_TOKEN = 3.2  # about right for code with the Qwen2.5 and Llama tokenizers; the server reports the count
+CHARS_PER_TOKEN = 4.3  # this repository's code with Qwen2.5's tokenizer (measured); the server reports the count
 
 
-def served_model(client: httpx.Client) -> str:
-    return client.get("/v1/models").json()["data"][0]["id"]
+def served_model(client: httpx.Client) -> tuple[str, bool]:
+    """The served model's name, and whether the server is specdec (its speculation can be turned off)."""
+    card = client.get("/v1/models").json()["data"][0]
+    return card["id"], card.get("owned_by") == "specdec"
 
 
 def filler(tokens: int) -> str:
@@ -73,6 +76,11 @@ def recorded_turns(path: Path) -> list[dict[str, Any]]:
     return [r for r in records if r["method"] == "POST" and r["path"] in ("/v1/messages", "/v1/responses")]
 
 
+# Events that carry generated text: the first one is the first token a client sees.
+GENERATED = ("content_block_delta", "response.output_text.delta", "response.function_call_arguments.delta",
+             "response.custom_tool_call_input.delta")
+
+
 def usage_of(event: dict[str, Any]) -> dict[str, Any] | None:
     """The final usage of a stream event, if it carries one (Messages' message_delta, Responses' completed)."""
     if event.get("type") == "message_delta":
@@ -84,8 +92,10 @@ def usage_of(event: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def replay_turn(client: httpx.Client, record: dict[str, Any], model: str, max_tokens: int,
-                speculative: bool | None) -> dict[str, Any]:
+                speculative: bool | None, temperature: float | None) -> dict[str, Any]:
     body = {**record["body"], "model": model, "stream": True}
+    if temperature is not None:
+        body["temperature"] = temperature
     budget = "max_tokens" if record["path"] == "/v1/messages" else "max_output_tokens"
     body[budget] = min(body.get(budget) or max_tokens, max_tokens)
     if speculative is not None:
@@ -101,9 +111,7 @@ def replay_turn(client: httpx.Client, record: dict[str, Any], model: str, max_to
             if not line.startswith("data:"):
                 continue
             event = json.loads(line[5:])
-            if first is None and event.get("type") in ("content_block_delta", "response.output_text.delta",
-                                                      "response.function_call_arguments.delta",
-                                                      "response.output_item.added", "content_block_start"):
+            if first is None and event.get("type") in GENERATED:
                 first = time.perf_counter()
             usage = usage_of(event) or usage
     total = time.perf_counter() - started
@@ -121,36 +129,41 @@ def replay_turn(client: httpx.Client, record: dict[str, Any], model: str, max_to
 
 
 def replay(client: httpx.Client, turns: list[dict[str, Any]], model: str, max_tokens: int,
-           speculative: bool | None) -> list[dict[str, Any]]:
-    return [{"turn": i, **replay_turn(client, t, model, max_tokens, speculative)} for i, t in enumerate(turns)]
+           speculative: bool | None, temperature: float | None) -> list[dict[str, Any]]:
+    return [{"turn": i, **replay_turn(client, t, model, max_tokens, speculative, temperature)}
+            for i, t in enumerate(turns)]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="the specdec server")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (specdec, or any other)")
+    p.add_argument("--name", default="specdec", help="its name in the results")
     p.add_argument("--peer", action="append", default=[], metavar="NAME=URL", help="another server, e.g. llama-server")
     p.add_argument("--prefill", default="2048,8192,16384", help="prompt lengths in tokens ('' for none)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--session", action="append", default=[], type=Path, help="a recorded session (repeatable)")
     p.add_argument("--max-tokens", type=int, default=256, help="cap of each replayed answer")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="every turn's temperature (default: what the agent asked, often 1: then the speculation "
+                        "arms sample different answers; 0 makes them the same answer)")
     p.add_argument("--timeout", type=float, default=3600.0)
     p.add_argument("--out", type=Path, default=Path("bench-results/agent-speed.json"))
     args = p.parse_args(argv)
-    targets = [("specdec", args.url.rstrip("/"))] + [tuple(x.split("=", 1)) for x in args.peer]  # type: ignore[misc]
+    targets = [(args.name, args.url.rstrip("/"))] + [tuple(x.split("=", 1)) for x in args.peer]  # type: ignore[misc]
     lengths = [int(x) for x in args.prefill.split(",") if x.strip()]
     results: dict[str, Any] = {"prefill": [], "sessions": []}
     for name, url in targets:
         with httpx.Client(base_url=url, timeout=args.timeout) as client:
-            model = served_model(client)
+            model, is_specdec = served_model(client)
             for n in lengths:
                 row = {"server": name, **prefill_rate(client, model, n, args.repeats)}
                 results["prefill"].append(row)
                 print(json.dumps(row), flush=True)
             for path in args.session:
                 turns = recorded_turns(path)
-                arms = [("off", False), ("on", None)] if name == "specdec" else [("-", None)]
+                arms = [("off", False), ("on", None)] if is_specdec else [("-", None)]
                 for arm, speculative in arms:
-                    rows = replay(client, turns, model, args.max_tokens, speculative)
+                    rows = replay(client, turns, model, args.max_tokens, speculative, args.temperature)
                     results["sessions"].append({"server": name, "session": path.name, "speculation": arm, "turns": rows})
                     for row in rows:
                         print(json.dumps({"server": name, "session": path.name, "speculation": arm, **row}), flush=True)
