@@ -57,6 +57,10 @@ def test_every_recorded_request_is_answered_in_the_clients_shape(agent_server: S
         elif record["path"] == "/v1/messages":
             events = parse_named_sse(r.text) if record["body"].get("stream") else None
             assert events is None or (events[0]["type"] == "message_start" and events[-1]["type"] == "message_stop")
+            prompt = {key: record["body"][key] for key in ("messages", "system", "tools", "tool_choice", "thinking")
+                      if key in record["body"]}
+            counted = replay(agent_server, {**record, "path": "/v1/messages/count_tokens", "body": prompt})
+            assert counted.status_code == 200 and counted.json()["input_tokens"] > 1000, counted.text[:300]
         else:
             events = parse_named_sse(r.text)
             final = events[-1]["response"]
