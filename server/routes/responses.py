@@ -7,6 +7,8 @@ chat's own ``chat_jobs``; the engine output is rendered as a ``response`` (``ser
 responses_render``), streamed or whole. With ``store`` (OpenAI's default) the finished response is
 kept in the server's bounded ``ResponseStore``, which ``GET``/``DELETE /v1/responses/{id}`` and
 ``GET /v1/responses/{id}/input_items`` read. An unknown, evicted or expired id is a 404.
+``POST /v1/responses/input_tokens`` counts the prompt a body renders to; ``POST
+/v1/responses/compact`` is a 404 that says compaction is not served (docs/api.md).
 """
 
 from __future__ import annotations
