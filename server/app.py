@@ -16,12 +16,12 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 
-from server.generation.engine_host import EngineFactory, EngineHost, load_engine
 from server.http.auth import APIKeyMiddleware
 from server.http.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
 from server.http.host_check import RequestTargetMiddleware
 from server.http.request_log import RequestLogMiddleware
 from server.routes import routes
+from server.services.engine_host import EngineFactory, EngineHost, load_engine
 from server.settings import ServerSettings
 from server.state import Phase, ServerState
 

@@ -103,7 +103,7 @@ def build_application(settings: ServerSettings, scaling: RayScaling) -> Any:
     from ray import serve
 
     from server.app import build_app
-    from server.generation.engine_host import load_engine
+    from server.services.engine_host import load_engine
     from server.state import Phase
 
     options = deployment_options(settings, scaling, torch.cuda.is_available(), os.cpu_count() or 1)

@@ -38,7 +38,7 @@ class ServerSettings:
     requests may wait beyond the engine's ``max_num_seqs`` running ones before new requests get
     429 (``None``, from Python only, admits without limit). ``shutdown_grace_s`` is how long a
     SIGTERM waits for in-flight requests before aborting them (env ``SPECDEC_SHUTDOWN_GRACE``).
-    The ``max_*`` limits at the end bound the work one request can ask for (``server.openai.limits``).
+    The ``max_*`` limits at the end bound the work one request can ask for (``server.api.limits``).
     """
 
     engine: EngineConfig = field(default_factory=_default_engine_config)

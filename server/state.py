@@ -12,11 +12,11 @@ import math
 import time
 from typing import Protocol
 
-from server.generation.engine_host import EngineLike
-from server.generation.grammar_pool import GrammarPool
-from server.generation.response_store import ResponseStore
 from server.http.errors import APIError
 from server.prometheus import ServerMetrics
+from server.services.engine_host import EngineLike
+from server.services.grammar_pool import GrammarPool
+from server.services.response_store import ResponseStore
 from server.settings import ServerSettings
 
 
@@ -55,7 +55,7 @@ class ServerState:
         self._mean_latency_s = 1.0
         # Structured-output compiles: their own bounded pool, shut down with the app (``close``).
         self.grammar_pool = GrammarPool()
-        # /v1/responses with "store": true (``server.generation.response_store``), per process.
+        # /v1/responses with "store": true (``server.services.response_store``), per process.
         self.responses = ResponseStore(settings.responses_store_entries, settings.responses_store_bytes,
                                        settings.responses_store_ttl)
 

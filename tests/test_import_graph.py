@@ -5,7 +5,8 @@ specdec_core``, and inside the core ``engine -> speculation -> decoding/loading 
 an import may only point down (or sideways inside one package). A cycle check alone let the
 core's packages import upward from inside functions and type-only blocks (the speculation
 proposers took the engine's ``Request``), so a newcomer could not read one package without the
-one above it."""
+one above it. The server has floors of its own (``SERVER_ORDER``): with ``server`` as one layer,
+four pairs of its packages imported each other unseen."""
 
 from __future__ import annotations
 
@@ -17,7 +18,23 @@ PACKAGES = ("server", "specdec_core", "clients")
 # Higher imports lower, never the reverse. Equal ranks (decoding, loading) may not import each
 # other either: neither needs the other, and a sideways import is a cycle waiting to happen.
 TOP_ORDER = {"clients": 2, "server": 1, "specdec_core": 0}
-CORE_ORDER = {"engine": 3, "speculation": 2, "decoding": 1, "loading": 1, "execution": 0}
+# "" is the package itself: the core's facade re-exports the engine (above it all); the server's
+# holds only its version (below it all).
+CORE_ORDER = {"": 4, "engine": 3, "speculation": 2, "decoding": 1, "loading": 1, "execution": 0}
+SERVER_ORDER = {
+    "": 0, "settings": 0, "prometheus": 0, "logging_setup": 0,  # process configuration
+    "http": 1,  # HTTP plumbing: errors, bodies, JSON, auth, the request log
+    "api": 2,  # API-neutral: schema base, limits, parsing, response types, the speculative report
+    "tools": 3, "services": 3,  # tool calling; the engine host, grammar pool, response store
+    "state": 4,  # the process's one state object, owning the services
+    "generation": 5,  # engine requests of one HTTP request, output items, SSE framing, prompts
+    "openai": 6, "anthropic": 6,  # one package per API: schemas and answers
+    "routes": 7,
+    "app": 8,
+    "runner": 9, "ray_serve": 9,
+    "cli_flags": 10, "cli": 11, "__main__": 12,
+}
+ORDERS = {"specdec_core": CORE_ORDER, "server": SERVER_ORDER}
 
 
 def module_name(path: Path) -> str:
@@ -97,15 +114,15 @@ def test_the_project_has_no_import_cycle() -> None:
 
 
 def layer(module: str) -> tuple[int, str]:
-    """Where ``module`` sits: its top-level package's rank and, inside the core, its package
-    (``specdec_core`` itself, the public facade that re-exports the engine, sits above them all)."""
+    """Where ``module`` sits: its top-level package's rank and, inside the core or the server, its
+    package or top-level module ("" for the package's own ``__init__``)."""
     parts = module.split(".")
-    if parts[0] != "specdec_core":
+    order = ORDERS.get(parts[0])
+    if order is None:
         return TOP_ORDER[parts[0]], parts[0]
-    if len(parts) == 1:
-        return TOP_ORDER["specdec_core"], "specdec_core"
-    assert parts[1] in CORE_ORDER, f"{module}: place package {parts[1]!r} in CORE_ORDER"
-    return TOP_ORDER["specdec_core"], parts[1]
+    inner = parts[1] if len(parts) > 1 else ""
+    assert inner in order, f"{module}: place {inner!r} in the order of {parts[0]!r}"
+    return TOP_ORDER[parts[0]], inner
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -115,14 +132,11 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
         (top, pkg) = layer(name)
         for target in sorted(targets):
             (t_top, t_pkg) = layer(target)
-            if t_top > top:
-                ok = False
-            elif t_top < top or pkg == t_pkg:
-                ok = True
-            elif t_pkg == "specdec_core" or pkg == "specdec_core":
-                ok = pkg == "specdec_core"  # the facade imports the core; nothing in it imports the facade
-            else:
-                ok = CORE_ORDER[t_pkg] < CORE_ORDER[pkg]
+            if t_top != top:
+                ok = t_top < top
+            else:  # one top-level package: down its own order, or inside one of its packages
+                order = ORDERS.get(name.split(".")[0], {})
+                ok = pkg == t_pkg or order[t_pkg] < order[pkg]
             if not ok:
                 bad.append(f"{name} -> {target}")
     return bad
@@ -134,10 +148,15 @@ def test_upward_imports_are_found() -> None:
         "specdec_core.speculation.b": {"specdec_core.decoding.d", "specdec_core.engine.a"},
         "specdec_core.decoding.d": {"specdec_core.loading.e", "specdec_core.decoding.f"},
         "specdec_core.execution.c": {"specdec_core"},
+        "specdec_core": {"specdec_core.engine.a"},
         "server.app": {"specdec_core.engine.a", "clients.bench"},
+        "server.generation.g": {"server.openai.o", "server.api.a", "server"},
+        "server.openai.o": {"server.anthropic.m", "server.generation.g"},
         "clients.bench": {"server.app", "specdec_core.engine.a"},
     }
     assert upward_imports(graph) == ["server.app -> clients.bench",
+                                     "server.generation.g -> server.openai.o",
+                                     "server.openai.o -> server.anthropic.m",
                                      "specdec_core.decoding.d -> specdec_core.loading.e",
                                      "specdec_core.execution.c -> specdec_core",
                                      "specdec_core.speculation.b -> specdec_core.engine.a"]

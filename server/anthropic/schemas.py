@@ -20,9 +20,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
-import server.openai.limits as limits
-from server.openai.schemas.base import (
+import server.api.limits as limits
+from server.api.schema_base import (
     INT64_MAX,
+    MAX_TOOLS,
     SEED_MAX,
     SEED_MIN,
     NonEmptyStr,
@@ -34,7 +35,6 @@ from server.openai.schemas.base import (
     text_as_parts,
     unsupported,
 )
-from server.openai.schemas.chat import MAX_TOOLS
 from server.tools.schema import FunctionName, FunctionParameters
 
 BLOCK_TYPES = ("text", "tool_use", "tool_result")

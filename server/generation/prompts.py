@@ -7,16 +7,14 @@ length up front: a request that cannot fit in ``max_model_len`` is refused with 
 Tokenizing and rendering a chat template take time that grows with the prompt, so the routes run
 ``tokenize_prompts`` and ``render_chat`` off the event loop (``asyncio.to_thread``); the
 tokenizer releases the GIL while it encodes. Prompt sizes are bounded before this
-(``--max-prompt-chars``, see ``server.openai.limits``).
+(``--max-prompt-chars``, see ``server.api.limits``).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from server.http.errors import invalid_request
-from server.openai.schemas.chat import ChatMessage
 from specdec_core.decoding.sampling_params import outside_vocab
 
 
@@ -41,27 +39,6 @@ def tokenize_prompt(tokenizer: Any, prompt: str | list[int], vocab_size: int, pa
     if not ids:
         raise invalid_request(f"'{param}' must not be empty.", param)
     return ids
-
-
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """The messages as chat templates expect them: ``developer`` is OpenAI's new ``system``,
-    and a past call's arguments are an object, not OpenAI's JSON text (templates serialize
-    them themselves)."""
-    out = []
-    for msg in messages:
-        entry: dict[str, Any] = {"role": "system" if msg.role == "developer" else msg.role, "content": msg.text}
-        if msg.name is not None:
-            entry["name"] = msg.name
-        if msg.tool_calls:
-            entry["tool_calls"] = [
-                {"id": c.id, "type": "function",
-                 "function": {"name": c.function.name, "arguments": json.loads(c.function.arguments)}}
-                for c in msg.tool_calls
-            ]
-        if msg.tool_call_id is not None:
-            entry["tool_call_id"] = msg.tool_call_id
-        out.append(entry)
-    return out
 
 
 # A probe conversation with a system message after the first turn; the markers are what to look for.

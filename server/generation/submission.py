@@ -17,10 +17,10 @@ from typing import Any
 
 import structlog
 
-from server.generation.engine_host import EngineLike, RequestStreamLike
+from server.api import response_types as rt
+from server.api.speculative import speculative_summary
 from server.http.errors import APIError, internal_error, invalid_request
-from server.openai import response_types as rt
-from server.openai.bodies import speculative_summary
+from server.services.engine_host import EngineLike, RequestStreamLike
 from server.state import ServerState, engine_dead
 from specdec_core.decoding.sampling_params import SamplingParams
 from specdec_core.decoding.token_logprob import TokenLogprob

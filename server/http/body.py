@@ -1,6 +1,6 @@
 """A request's JSON body, read within bounds: its media type, its size, and how long it may take.
 
-The generation routes read their body here, once, before parsing it (``server.openai.parsing``):
+The generation routes read their body here, once, before parsing it (``server.api.parsing``):
 
 - **415** unless ``Content-Type`` is JSON (``application/json`` or ``application/<x>+json``). A web
   page may POST to any address without asking first only with ``text/plain``, form types or no

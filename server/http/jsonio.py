@@ -1,5 +1,5 @@
 """JSON responses through orjson (fast); JSON text inside a body or the model's output parsed with a
-depth bound. Request bodies themselves are parsed by pydantic (server.openai.parsing)."""
+depth bound. Request bodies themselves are parsed by pydantic (server.api.parsing)."""
 
 from __future__ import annotations
 

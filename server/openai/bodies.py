@@ -1,4 +1,4 @@
-"""OpenAI response pieces both endpoints share: the envelope, usage, ``speculative``, logprobs.
+"""OpenAI response pieces both endpoints share: the envelope, usage, logprobs.
 
 Shapes follow OpenAI exactly (``text_completion``, ``chat.completion``, ``chat.completion.chunk``)
 with one addition: a ``speculative`` object on every completion and on the final streamed chunk,
@@ -8,12 +8,11 @@ saying how much speculation helped this request.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from server.openai import response_types as rt
+from server.api import response_types as rt
 from specdec_core.decoding.token_logprob import TokenLogprob
-from specdec_core.engine.outputs import RequestStats
 
 if TYPE_CHECKING:
     from server.settings import ServerSettings
@@ -26,20 +25,6 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
-def speculative_summary(method: str, stats: Iterable[RequestStats | None]) -> rt.Speculative:
-    """The ``speculative`` object: a request's choices' counters summed by the engine's own
-    ``RequestStats.total``, the ratios read from it (defined once in ``specdec_core.engine.stats``)."""
-    total = RequestStats.total(stats)
-    return {
-        "method": method,
-        "draft_tokens": total.draft_tokens,
-        "accepted_tokens": total.accepted_tokens,
-        "steps": total.verify_steps,
-        "acceptance_rate": total.acceptance_rate,
-        "mean_accepted_length": total.mean_accepted_length,
     }
 
 

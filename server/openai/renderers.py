@@ -1,6 +1,6 @@
 """How one endpoint's JSON looks: the ``Renderer`` of ``text_completion`` and of ``chat.completion``.
 
-``server.generation.response`` decides *when* a chunk or body is sent (first chunk, deltas, one
+``server.openai.choices_response`` decides *when* a chunk or body is sent (first chunk, deltas, one
 finish chunk per choice, the usage chunk); a renderer only says *what* a choice looks like in it.
 Keeping the two apart is what lets completions and chat share one streaming path, so a fix to
 the stream (error events, usage, ``speculative``) cannot reach one endpoint and miss the other.
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from server.api import response_types as rt
 from server.generation.submission import Choice
-from server.openai import response_types as rt
 from server.openai.bodies import CompletionLogprobs, TokenText, chat_logprobs, prompt_logprobs
 from server.tools.calls import CallDelta, CallParser, ToolCall
 from server.tools.tool_use import ToolUse

@@ -2,7 +2,7 @@
 
 This module only turns the request into engine jobs (one per choice, ``server.routes.chat_jobs``,
 the path the Responses and Messages APIs share) and says how a ``chat.completion`` looks
-(``ChatRenderer``); ``server.generation.response`` does the rest.
+(``ChatRenderer``); ``server.openai.choices_response`` does the rest.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.generation.response import generate
 from server.openai.bodies import TokenText
+from server.openai.choices_response import generate
 from server.openai.renderers import ChatRenderer
 from server.openai.schemas.chat import ChatCompletionRequest
 from server.routes.chat_jobs import chat_jobs

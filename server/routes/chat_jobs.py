@@ -19,19 +19,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from server.generation.engine_host import EngineLike
+from server.api.parsing import to_api_error
 from server.generation.prompts import (
     later_system_messages_render,
     leading_system,
     render_chat,
     resolve_max_tokens,
-    template_messages,
 )
 from server.generation.submission import Job
 from server.http.errors import APIError, invalid_request
-from server.openai.parsing import to_api_error
-from server.openai.schemas.chat import ChatCompletionRequest
+from server.openai.schemas.chat import ChatCompletionRequest, template_messages
 from server.routes.common import check_structured
+from server.services.engine_host import EngineLike
 from server.settings import ServerSettings
 from server.state import ServerState
 from server.tools.tool_use import ToolUse

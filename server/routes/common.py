@@ -8,14 +8,14 @@ from typing import TypeVar
 import structlog
 from starlette.requests import Request
 
-from server.generation.engine_host import EngineLike
+from server.api.limits import LIMIT_EXCEEDED
+from server.api.parsing import parse_body, show
+from server.api.schema_base import Schema
 from server.http.body import LARGE_BODY_BYTES, read_json_body, release_memory
 from server.http.errors import APIError, invalid_request
 from server.http.json_shape import json_shape
 from server.http.request_log import request_id, request_log
-from server.openai.limits import LIMIT_EXCEEDED
-from server.openai.parsing import parse_body, show
-from server.openai.schemas.base import Schema
+from server.services.engine_host import EngineLike
 from server.settings import ServerSettings
 from server.state import ServerState
 from specdec_core.decoding.structured_output import StructuredOutput
@@ -83,7 +83,7 @@ def check_model(state: ServerState, model: str | None) -> str:
 
 async def check_structured(state: ServerState, engine: EngineLike, spec: StructuredOutput | None, param: str) -> None:
     """Compile a structured-output spec once per request, off the event loop, on the server's
-    grammar pool (``server.generation.grammar_pool``; the engine caches the result for the request's
+    grammar pool (``server.services.grammar_pool``; the engine caches the result for the request's
     choices); a spec the grammar engine cannot compile is a 400 that says why, a full pool a 503."""
     if spec is None:
         return

@@ -1,7 +1,7 @@
 """``POST /v1/completions``: text (or token-id) prompts, streamed or not.
 
 This module only turns the request into engine jobs (one per prompt and choice) and says how a
-``text_completion`` looks (``CompletionRenderer``); ``server.generation.response`` does the rest.
+``text_completion`` looks (``CompletionRenderer``); ``server.openai.choices_response`` does the rest.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server.generation.prompts import resolve_max_tokens, tokenize_prompts
-from server.generation.response import generate
 from server.generation.submission import Job
 from server.openai.bodies import TokenText
+from server.openai.choices_response import generate
 from server.openai.renderers import CompletionRenderer
 from server.openai.schemas.completions import CompletionRequest
 from server.routes.common import check_model, check_structured, read_request, server_state

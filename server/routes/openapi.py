@@ -1,4 +1,4 @@
-"""``GET /openapi.json``: the API's OpenAPI document (built in server.openai.openapi)."""
+"""``GET /openapi.json``: the API's OpenAPI document (built in server.routes.openapi_document)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server.http.jsonio import JSONResponse
-from server.openai.openapi import openapi_document
+from server.routes.openapi_document import openapi_document
 
 
 async def openapi_json(request: Request) -> Response:

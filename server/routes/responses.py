@@ -21,12 +21,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server.generation.output_items import OutputItem, new_id
-from server.generation.response import respond_when_done, start_generation
-from server.generation.response_store import StoredResponse
 from server.generation.streaming import Framing, GenerationStream
 from server.http.errors import APIError, invalid_request
 from server.http.jsonio import JSONResponse
 from server.http.request_log import request_id
+from server.openai.choices_response import respond_when_done, start_generation
 from server.openai.responses_input import chat_body, chat_messages, conversation_of, listed_items
 from server.openai.responses_render import ResponseAnswer, conversation_items, head
 from server.openai.responses_tools import ResponsesTools
@@ -34,6 +33,7 @@ from server.openai.schemas.chat import ChatCompletionRequest
 from server.openai.schemas.responses import ResponsesRequest
 from server.routes.chat_jobs import ParamNames, chat_jobs, render_prompt, to_chat_request
 from server.routes.common import check_model, read_request, server_state
+from server.services.response_store import StoredResponse
 from server.state import ServerState
 
 # What chat's fields are called here, for the errors the shared path raises.

@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from server.openai import response_types as rt
+from server.api import response_types as rt
 
 
 def new_call_id() -> str:

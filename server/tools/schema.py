@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 import jsonschema
 from pydantic import AfterValidator, Field, PlainValidator, field_validator
 
+from server.api.schema_base import Schema, invalid, schema_within_caps
 from server.http.jsonio import MAX_JSON_DEPTH, loads_bounded, nesting_depth
-from server.openai.schemas.base import Schema, invalid, schema_within_caps
 
 FUNCTION_NAME = r"[A-Za-z0-9_.-]{1,64}"  # OpenAI's rule for a function's name
 FunctionName = Annotated[str, Field(pattern=f"^{FUNCTION_NAME}$")]

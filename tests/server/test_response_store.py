@@ -1,11 +1,11 @@
-"""The stored-responses map behind ``/v1/responses`` (``server.generation.response_store``): it never
+"""The stored-responses map behind ``/v1/responses`` (``server.services.response_store``): it never
 holds more than its entries and bytes, evicts the least recently used first, forgets entries at
 their age, and refuses one entry larger than the whole byte bound. Time is the store's own clock
 argument, advanced by hand, so expiry is tested without waiting."""
 
 from __future__ import annotations
 
-from server.generation.response_store import ResponseStore, StoredResponse
+from server.services.response_store import ResponseStore, StoredResponse
 
 
 def entry(i: int, chars: int = 10) -> tuple[dict, list[dict], list[dict]]:

@@ -168,7 +168,7 @@ def test_the_real_engine_builder_freezes_the_startup_heap(tiny_target: Path) -> 
     garbage collection: without the freeze a full collection walks them each time."""
     import gc
 
-    from server.generation.engine_host import load_engine
+    from server.services.engine_host import load_engine
     from specdec_core.engine.config import EngineConfig
 
     gc.unfreeze()

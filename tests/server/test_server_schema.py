@@ -9,13 +9,12 @@ import httpx
 import jsonschema
 import pytest
 
-from server.generation.prompts import template_messages
+from server.api.parsing import parse_body
+from server.api.schema_base import SEED_MAX, SEED_MIN
 from server.http.errors import APIError
-from server.openai.openapi import REF, openapi_document
-from server.openai.parsing import parse_body
-from server.openai.schemas.base import SEED_MAX, SEED_MIN
-from server.openai.schemas.chat import ChatCompletionRequest
+from server.openai.schemas.chat import ChatCompletionRequest, template_messages
 from server.openai.schemas.completions import CompletionRequest
+from server.routes.openapi_document import REF, openapi_document
 from tests.helpers.servers import ServerProcess
 
 P = {"prompt": "Hello"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from server.openai.bodies import speculative_summary
+from server.api.speculative import speculative_summary
 from server.prometheus import EngineCollector
 from specdec_core.engine.outputs import RequestStats
 from specdec_core.engine.stats import EngineMetrics, acceptance_rate, mean_accepted_length

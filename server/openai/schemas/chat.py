@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-import server.openai.limits as limits
-from server.openai.schemas.base import (
+import server.api.limits as limits
+from server.api.schema_base import (
     INT64_MAX,
     MAX_CHAT_TOP_LOGPROBS,
+    MAX_TOOLS,
     NoFunctionCall,
     NoFunctions,
     Schema,
@@ -20,8 +22,6 @@ from server.openai.schemas.base import (
 )
 from server.openai.schemas.generation import GenerationRequest
 from server.tools.schema import AssistantToolCall, NamedToolChoice, Tool, ToolChoice
-
-MAX_TOOLS = 128  # OpenAI's cap
 
 
 class ContentPart(Schema):
@@ -188,3 +188,24 @@ class ChatCompletionRequest(GenerationRequest):
         if not info.data.get("tools"):
             raise invalid("is only allowed when 'tools' are given.")
         return value
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The messages as chat templates expect them: ``developer`` is OpenAI's new ``system``,
+    and a past call's arguments are an object, not OpenAI's JSON text (templates serialize
+    them themselves)."""
+    out = []
+    for msg in messages:
+        entry: dict[str, Any] = {"role": "system" if msg.role == "developer" else msg.role, "content": msg.text}
+        if msg.name is not None:
+            entry["name"] = msg.name
+        if msg.tool_calls:
+            entry["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name, "arguments": json.loads(c.function.arguments)}}
+                for c in msg.tool_calls
+            ]
+        if msg.tool_call_id is not None:
+            entry["tool_call_id"] = msg.tool_call_id
+        out.append(entry)
+    return out

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from server.openai.schemas.base import INT64_MAX, MAX_COMPLETION_LOGPROBS, MAX_N, invalid, only_off, unsupported
+from server.api.schema_base import INT64_MAX, MAX_COMPLETION_LOGPROBS, MAX_N, invalid, only_off, unsupported
 from server.openai.schemas.generation import GenerationRequest, Prompts
 
 

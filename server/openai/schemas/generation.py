@@ -6,9 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, PlainValidator, ValidationInfo, field_validator, model_validator
 
-import server.openai.limits as limits
-from server.http.errors import invalid_request
-from server.openai.schemas.base import (
+import server.api.limits as limits
+from server.api.schema_base import (
     INT64_MAX,
     MAX_LOGIT_BIAS,
     MAX_N,
@@ -22,6 +21,7 @@ from server.openai.schemas.base import (
     invalid,
     schema_within_caps,
 )
+from server.http.errors import invalid_request
 from specdec_core.decoding.sampling_params import MAX_LOGPROBS, LogprobsMode, SamplingParams, outside_vocab
 from specdec_core.decoding.structured_output import StructuredOutput
 
@@ -31,7 +31,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _prompts(value: Any, info: ValidationInfo) -> list[str | list[int]]:
-    """``prompt`` under the server's limits (``server.openai.limits``): the number of sequences is checked
+    """``prompt`` under the server's limits (``server.api.limits``): the number of sequences is checked
     before any prompt is looked at, the characters of text before anything is tokenized."""
     settings = limits.settings_of(info)
     if settings is not None:

@@ -22,12 +22,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, PlainValidator, ValidationInfo, field_validator, model_validator
 
-import server.openai.limits as limits
-from server.http.jsonio import loads_bounded
-from server.openai.responses_tools import joined_name
-from server.openai.schemas.base import (
+import server.api.limits as limits
+from server.api.schema_base import (
     INT64_MAX,
     MAX_SCHEMA_CHARS,
+    MAX_TOOLS,
     SEED_MAX,
     SEED_MIN,
     Schema,
@@ -38,7 +37,8 @@ from server.openai.schemas.base import (
     text_as_parts,
     unsupported,
 )
-from server.openai.schemas.chat import MAX_TOOLS
+from server.http.jsonio import loads_bounded
+from server.openai.responses_tools import joined_name
 from server.tools.schema import FUNCTION_NAME, FunctionName, FunctionParameters
 
 # Item and content types OpenAI defines that this server does not take: refused by name (any

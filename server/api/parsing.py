@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from server.api.limits import LIMIT_EXCEEDED
 from server.http.errors import APIError, invalid_request, unsupported
-from server.openai.limits import LIMIT_EXCEEDED
 
 if TYPE_CHECKING:
     from server.settings import ServerSettings
@@ -43,7 +43,7 @@ _BOUNDS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "
 
 
 def parse_body(model: type[M], raw: bytes, settings: ServerSettings | None = None) -> M:
-    """Validate a request body under the server's per-request limits (``server.openai.limits``; none
+    """Validate a request body under the server's per-request limits (``server.api.limits``; none
     without ``settings``); raises the 400 ``APIError`` for its first problem. The work grows with
     the body: call it off the event loop."""
     if not raw.strip():

@@ -17,14 +17,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from server.generation.engine_host import EngineLike
+from server.api import response_types as rt
 from server.generation.streaming import GenerationStream
 from server.generation.submission import Generation, Job, ends_the_request, run_until_disconnect
 from server.http.jsonio import JSONResponse
 from server.http.request_log import request_id, request_log
-from server.openai import response_types as rt
 from server.openai.bodies import envelope, system_fingerprint, usage
 from server.openai.renderers import Renderer
+from server.services.engine_host import EngineLike
 from server.state import ServerState
 
 

@@ -1,7 +1,7 @@
 """What every request schema shares: strict types, null as "not given", named refusals.
 
 Each field's type and bounds are declared once, here; validation, the 400 a client gets (see
-``server.openai.parsing``) and the served OpenAPI document (``server.openai.openapi``) all come from these
+``server.api.parsing``) and the served OpenAPI document (``server.routes.openapi_document``) all come from these
 declarations. Types are strict where OpenAI's are (``max_tokens`` is an integer, not ``"5"``,
 ``5.5`` or ``true``) and floats must be finite. JSON ``null`` means "not given" everywhere (many
 clients send every field, nulls included).
@@ -31,6 +31,7 @@ MAX_N = 128
 MAX_LOGIT_BIAS = 1024
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
+MAX_TOOLS = 128  # OpenAI's cap on the tools of one request
 # Integers are int64 (as in OpenAI's API): a bound on every integer field keeps absurd values
 # (JSON integers are unbounded) a clear range error instead of arithmetic on 4000-digit numbers.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -40,7 +41,7 @@ T = TypeVar("T")
 
 
 def invalid(message: str, **context: Any) -> PydanticCustomError:
-    """A validation error whose message completes "'<param>' ..." (see ``server.openai.parsing``).
+    """A validation error whose message completes "'<param>' ..." (see ``server.api.parsing``).
     Values from the request go in ``context``, never into the template itself."""
     return PydanticCustomError("invalid_value", message, context)
 

@@ -1,7 +1,7 @@
 """Per-request limits: how much work one request may ask for, and the 400 that says how to raise it.
 
 The limits are ``ServerSettings`` fields, so each is a flag (``--max-stop-strings``, ...). The
-request schemas enforce them while they validate a body: ``server.openai.parsing.parse_body`` hands the
+request schemas enforce them while they validate a body: ``server.api.parsing.parse_body`` hands the
 settings to pydantic as its validation context, and the validators in ``server.openai.schemas`` call the
 checks below. So an over-limit request is refused before its prompts are tokenized, before its
 stop strings are compiled, and before a long array is validated item by item (counts are checked
