@@ -25,9 +25,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from server.generation.answer import answer_updates
 from server.generation.output_items import OutputItem, OutputItems, assemble
 from server.generation.streaming import NamedEvent
-from server.generation.submission import Choice, Generation, ends_the_request
+from server.generation.submission import Choice, Generation
 from server.http.errors import APIError
 from server.http.jsonio import loads_bounded
 from server.tools.tool_use import ToolUse
@@ -72,15 +73,11 @@ class MessageAnswer:
         """The stream's events (see module docstring)."""
         yield self._event("message_start", message={**self._message([], None, None), "usage": self._usage(final=False)})
         yield self._event("ping")
-        items = OutputItems(self.tools)
-        async for choice, out in self.generation.deltas():
-            if ends_the_request(out.finish_reason):
-                break
-            for event in self._block_events(items, items.feed(out.text)):
+        items = OutputItems.of(self.tools)  # what the message holds when no update came
+        async for update in answer_updates(self.generation, self.tools):
+            items = update.items
+            for event in self._block_events(items, update.events):
                 yield event
-            if choice.finished:
-                for event in self._block_events(items, items.finish()):
-                    yield event
         failure = self.generation.failure()
         if failure is not None:
             yield self.error(failure)

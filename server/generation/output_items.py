@@ -7,8 +7,10 @@ The Responses API and the Anthropic Messages API answer with an ordered list of 
 same tool-call parser chat uses (``server.tools``), and reports each change as an ``ItemEvent``
 that an API's renderer maps to its own event names.
 
-The whole (non-streamed) answer is this same builder fed the whole text at once, so a streamed
-answer and a whole one assemble to the same items, as chat's do.
+Chat completions render from the same items (text items are the message's ``content``, call items
+its ``tool_calls``), so every API streams tool calls through this one builder
+(``server.generation.answer`` drives it per choice). The whole (non-streamed) answer is this same
+builder fed the whole text at once, so a streamed answer and a whole one assemble to the same items.
 
 Rules beyond the parser's: without tools the text is one text item, exactly the model's text (so
 greedy output equals chat's). With tools, whitespace is held back until non-whitespace text
@@ -22,7 +24,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Literal
 
-from server.tools.calls import CallDelta, CallParser
+from server.tools.calls import CallDelta, CallParser, ToolCall
 from server.tools.tool_use import ToolUse
 
 ItemKind = Literal["text", "call"]
@@ -58,33 +60,45 @@ class ItemEvent:
 class OutputItems:
     """The items of one choice, fed its text deltas in order (see module docstring)."""
 
-    tools: ToolUse | None
+    parser: CallParser | None  # the tool-call parser of the request's format; None without tools
     items: list[OutputItem] = field(default_factory=list)
-    _parser: CallParser | None = field(default=None, init=False, repr=False)
     _held: str = field(default="", init=False, repr=False)  # whitespace not yet in an item
     _calls: dict[int, int] = field(default_factory=dict, init=False, repr=False)  # call number -> item index
 
-    def __post_init__(self) -> None:
-        if self.tools is not None:
-            self._parser = self.tools.parser()
+    @classmethod
+    def of(cls, tools: ToolUse | None) -> "OutputItems":
+        """An empty answer of a request offering ``tools`` (None: none)."""
+        return cls(tools.parser() if tools is not None else None)
 
     @property
     def num_calls(self) -> int:
         return len(self._calls)
 
+    def call_number(self, index: int) -> int:
+        """Item ``index`` (a call) counted among the answer's calls, from 0 (chat's ``tool_calls`` index)."""
+        return sum(1 for item in self.items[:index] if item.kind == "call")
+
+    def message(self) -> tuple[str | None, list[ToolCall]]:
+        """The items as one chat message: its content (None when there is none, or only whitespace
+        beside calls) and its calls."""
+        text = "".join(item.text for item in self.items if item.kind == "text")
+        calls = [ToolCall(item.name or "", item.text, *([item.call_id] if item.call_id else []))
+                 for item in self.items if item.kind == "call"]
+        return (text.strip() or None, calls) if calls else (text or None, [])
+
     def feed(self, text: str) -> list[ItemEvent]:
         if not text:
             return []
-        if self._parser is None:
+        if self.parser is None:
             return self._text(text)
-        content, calls = self._parser.feed(text)
+        content, calls = self.parser.feed(text)
         return self._apply(content, calls)
 
     def finish(self) -> list[ItemEvent]:
         """The rest of the text (a held-back call, a cut call), then every open item ends."""
         events: list[ItemEvent] = []
-        if self._parser is not None:
-            content, calls = self._parser.finish()
+        if self.parser is not None:
+            content, calls = self.parser.finish()
             events += self._apply(content, calls)
             if self._held and not self._calls and not self.items:  # only whitespace, no call: it is the answer
                 events += self._text("", flush=True)
@@ -109,7 +123,7 @@ class OutputItems:
         return events
 
     def _text(self, text: str, flush: bool = False) -> list[ItemEvent]:
-        if self.tools is not None and not flush:
+        if self.parser is not None and not flush:
             open_item = self._open()
             if (open_item is None or open_item.kind != "text") and not text.strip():
                 self._held += text
@@ -141,7 +155,7 @@ class OutputItems:
 
 def assemble(tools: ToolUse | None, text: str) -> OutputItems:
     """The items of a finished choice's whole text (what a stream of it assembles to)."""
-    items = OutputItems(tools)
+    items = OutputItems.of(tools)
     items.feed(text)
     items.finish()
     return items

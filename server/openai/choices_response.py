@@ -18,8 +18,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server.api import response_types as rt
+from server.generation.answer import answer_updates
 from server.generation.streaming import GenerationStream
-from server.generation.submission import Generation, Job, ends_the_request, run_until_disconnect
+from server.generation.submission import Generation, Job, run_until_disconnect
 from server.http.jsonio import JSONResponse
 from server.http.request_log import request_id, request_log
 from server.openai.bodies import envelope, system_fingerprint, usage
@@ -59,23 +60,19 @@ class GenerationResponse:
         return usage(self.generation.prompt_tokens, self.generation.completion_tokens, self.generation.cached_tokens)
 
     async def chunks(self) -> AsyncIterator[dict[str, Any]]:
-        """The stream's chunks: the renderer's opening, a chunk per delta with something in it, a
-        finish chunk per choice, then the usage chunk if asked. ``speculative`` rides on the very
-        last chunk. A failed or aborted choice ends the stream with an error event instead."""
+        """The stream's chunks: the renderer's opening, a chunk per piece of each update (a
+        finished choice's last one with its finish reason), then the usage chunk if asked.
+        ``speculative`` rides on the very last chunk. A failed or aborted choice ends the stream
+        with an error event instead."""
         generation, renderer = self.generation, self.renderer
         for choices in renderer.opening(sorted(generation.choices)):
             yield self._chunk(choices)
-        async for choice, out in generation.deltas():
-            if ends_the_request(out.finish_reason):
-                break
-            for piece in renderer.delta(choice.index, out.text, out.logprobs, out.provenance):
-                yield self._chunk([piece])
-            if choice.finished:
-                last = generation.all_finished and not self.include_usage
-                pieces = renderer.finish(choice.index, choice.finish_reason)
-                for i, piece in enumerate(pieces):
-                    final = last and i == len(pieces) - 1
-                    yield self._chunk([piece], speculative=generation.speculative() if final else None)
+        async for update in answer_updates(generation, renderer.tools):
+            pieces = renderer.update(update)
+            last = update.finished and generation.all_finished and not self.include_usage
+            for i, piece in enumerate(pieces):
+                final = last and i == len(pieces) - 1
+                yield self._chunk([piece], speculative=generation.speculative() if final else None)
         failure = generation.failure()
         if failure is not None:
             yield failure.body()

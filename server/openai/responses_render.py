@@ -23,9 +23,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from server.generation.answer import answer_updates
 from server.generation.output_items import OutputItem, OutputItems, assemble, new_id
 from server.generation.streaming import NamedEvent
-from server.generation.submission import Generation, ends_the_request
+from server.generation.submission import Generation
 from server.http.errors import APIError
 from server.openai.responses_input import ConversationItem
 from server.openai.responses_tools import ResponsesTools, custom_input
@@ -153,15 +154,11 @@ class ResponseAnswer:
         opening = self._response("in_progress", [])
         yield self._event("response.created", response=opening)
         yield self._event("response.in_progress", response=opening)
-        items = OutputItems(self.tool_use)
-        async for choice, out in self.generation.deltas():
-            if ends_the_request(out.finish_reason):
-                break
-            for event in self._item_events(items, items.feed(out.text), None):
+        items = OutputItems.of(self.tool_use)  # what the response holds when no update came
+        async for update in answer_updates(self.generation, self.tool_use):
+            items = update.items
+            for event in self._item_events(items, update.events, update.choice.finish_reason if update.finished else None):
                 yield event
-            if choice.finished:
-                for event in self._item_events(items, items.finish(), choice.finish_reason):
-                    yield event
         failure = self.generation.failure()
         if failure is not None:
             yield self.error(failure)

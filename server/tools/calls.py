@@ -1,4 +1,6 @@
-"""A parsed tool call, its streamed pieces, and the streaming parser contract every call format implements."""
+"""A parsed tool call, its streamed pieces, and the streaming parser contract every call format implements.
+
+The parser is driven by ``server.generation.output_items`` for every API, streamed or whole."""
 
 from __future__ import annotations
 
@@ -56,27 +58,3 @@ class CallParser(Protocol):
     def feed(self, text: str) -> tuple[str, list[CallDelta]]: ...
 
     def finish(self) -> tuple[str, list[CallDelta]]: ...
-
-
-def assemble(deltas: list[CallDelta]) -> list[ToolCall]:
-    """The calls that streamed pieces add up to, in index order (what a client's accumulation gives)."""
-    calls: dict[int, ToolCall] = {}
-    for d in deltas:
-        if d.name is not None:
-            calls[d.index] = ToolCall(d.name, d.arguments, d.id or new_call_id())
-        else:
-            call = calls[d.index]
-            calls[d.index] = ToolCall(call.name, call.arguments + d.arguments, call.id)
-    return [calls[i] for i in sorted(calls)]
-
-
-def parse_all(parser: CallParser, text: str) -> tuple[str | None, list[ToolCall]]:
-    """Content and calls of a finished output: the streamed parse run over the whole text at once,
-    so both answers always agree. Content is None when there is none (only calls, or only call
-    syntax that was dropped), as a stream that opens with null content and sends none assembles."""
-    content, deltas = parser.feed(text)
-    rest, more = parser.finish()
-    content, calls = content + rest, assemble(deltas + more)
-    if calls:
-        return content.strip() or None, calls
-    return content or None, []

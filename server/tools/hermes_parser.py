@@ -1,7 +1,7 @@
 """Hermes / Qwen2.5 call syntax -> content and streamed call pieces (see ``server.tools.hermes``).
 
 Rules, the same for every ``tool_choice`` and for streamed and whole answers (a whole answer is
-this parser run over its text at once, ``calls.parse_all``):
+this parser run over its text at once, ``server.generation.output_items.assemble``):
 
 - Call syntax never reaches ``content``. Text inside a ``<tool_call>`` block becomes a call or is
   dropped: a block naming a declared function is that call; anything else (an undeclared name, a
@@ -182,8 +182,8 @@ class ToolCallParser:
 
     def finish(self) -> tuple[str, list[CallDelta]]:
         """What is left when the output ends: a held-back bare call, the rest of a cut call, or
-        content (held-back text; without the whitespace around it once a call was made, as in
-        ``calls.parse_all``). A cut-off ``<tool_call`` tag is not content either."""
+        content (held-back text; without the whitespace around it once a call was made, as a
+        whole answer's message has it). A cut-off ``<tool_call`` tag is not content either."""
         if self.ended:
             return "", []
         if self._bare is not None:

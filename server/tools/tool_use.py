@@ -1,7 +1,8 @@
 """Tool calling for one chat request: the one object routes and renderers ask about tools.
 
 Built from the validated request and the model's tokenizer, it owns what the prompt offers, the
-grammar that forces calls, and the parsers that turn each choice's text into ``tool_calls``.
+grammar that forces calls, and the parsers that turn each choice's text into calls (driven by
+``server.generation.output_items``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from server.tools.calls import CallParser, ToolCall, parse_all
+from server.tools.calls import CallParser
 from server.tools.formats import ToolCallFormat, format_for
 from server.tools.schema import NamedToolChoice, Tool, ToolChoice
 from specdec_core.decoding.structured_output import StructuredOutput
@@ -78,7 +79,3 @@ class ToolUse:
             return parser.ended
 
         return check
-
-    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """Content and calls of a finished output (content None when only calls were made)."""
-        return parse_all(self.parser(), text)

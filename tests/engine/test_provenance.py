@@ -129,6 +129,7 @@ def test_renderers_put_each_deltas_pieces_on_its_first_chunk_even_when_tool_mark
     from server.tools.schema import Tool
     from server.tools.tool_use import ToolUse
     from specdec_core.engine.provenance import TextPiece
+    from tests.helpers.answers import rendered
 
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
     text = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>'
@@ -137,15 +138,14 @@ def test_renderers_put_each_deltas_pieces_on_its_first_chunk_even_when_tool_mark
     tool_use = ToolUse.from_request([Tool.model_validate(tool)], "auto", False, tok)
     renderers = [ChatRenderer(TokenText(tok), False, tool_use), ChatRenderer(TokenText(tok), False),
                  CompletionRenderer(TokenText(tok), False)]
+    pieces = [[TextPiece(delta, SOURCES[i % len(SOURCES)])] for i, delta in enumerate(deltas)]
     for renderer in renderers:
         sent = []
-        for i, delta in enumerate(deltas):
-            pieces = [TextPiece(delta, SOURCES[i % len(SOURCES)])]
-            chunks = renderer.delta(0, delta, None, pieces)
-            assert chunks and chunks[0]["provenance"] == [{"text": delta, "source": pieces[0].source}]
+        for i, chunks in enumerate(rendered(renderer, deltas, None, pieces)):
+            assert chunks and chunks[0]["provenance"] == [{"text": deltas[i], "source": pieces[i][0].source}]
             assert all("provenance" not in c for c in chunks[1:])
             if not (isinstance(renderer, ChatRenderer) and renderer.tools):
-                assert chunks[0].get("text", chunks[0].get("delta", {}).get("content")) == delta
+                assert chunks[0].get("text", chunks[0].get("delta", {}).get("content")) == deltas[i]
             sent += chunks[0]["provenance"]
         assert "".join(p["text"] for p in sent) == text
-        assert renderer.delta(0, "", None, []) == []
+        assert rendered(renderer, [""], None, [[]]) == [[]]

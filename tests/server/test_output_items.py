@@ -16,7 +16,7 @@ def tool_use() -> ToolUse:
 
 
 def fed_in_pieces(tools: ToolUse | None, text: str) -> tuple[OutputItems, list]:
-    items, events = OutputItems(tools), []
+    items, events = OutputItems.of(tools), []
     for char in text:
         events += items.feed(char)
     events += items.finish()

@@ -10,14 +10,31 @@ from pathlib import Path
 
 import pytest
 
+from server.generation.output_items import OutputItems
 from server.generation.prompts import render_chat
-from server.tools.calls import assemble, parse_all
+from server.tools.calls import CallDelta, ToolCall
 from server.tools.hermes import ToolCallParser, call_grammar, has_marker_tokens
+from tests.helpers.answers import rendered
 from tests.helpers.tool_data import MESSAGES, SCHEMAS, TEXT, TOOLS
 
 
 def parse_tool_calls(text: str, tools: set[str], max_calls: int | None = None):
-    return parse_all(ToolCallParser(tools, max_calls), text)
+    """Content and calls of a finished text, as every API's whole answer parses it."""
+    items = OutputItems(ToolCallParser(tools, max_calls))
+    items.feed(text)
+    items.finish()
+    return items.message()
+
+
+def assemble(deltas: list[CallDelta]) -> list[ToolCall]:
+    """The calls that streamed pieces add up to, in index order (what a client's accumulation gives)."""
+    calls: dict[int, ToolCall] = {}
+    for d in deltas:
+        if d.name is not None:
+            calls[d.index] = ToolCall(d.name, d.arguments, d.id or "")
+        else:
+            calls[d.index] = ToolCall(calls[d.index].name, calls[d.index].arguments + d.arguments, calls[d.index].id)
+    return [calls[i] for i in sorted(calls)]
 
 
 MODEL = "tiny"
@@ -162,7 +179,7 @@ def test_the_chat_renderer_keeps_one_call_and_opens_tool_streams_with_null_conte
     choice = renderer.choice(Choice(index=0, prompt_tokens=1, counts_prompt=True, text=[TEXT], finish_reason="stop"))
     assert choice["finish_reason"] == "tool_calls"
     assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather"]
-    chunks = [c for ch in TEXT for c in renderer.delta(0, ch, None)] + renderer.finish(0, "stop")
+    chunks = [c for sent in rendered(renderer, [*TEXT, ""]) for c in sent]
     sent = [t for c in chunks for t in c["delta"].get("tool_calls", [])]
     # OpenAI's shape: a first piece with id, type and name and arguments "", then arguments text only
     assert sent[0] == {"index": 0, "id": sent[0]["id"], "type": "function",
