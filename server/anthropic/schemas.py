@@ -24,13 +24,15 @@ import server.api.limits as limits
 from server.api.schema_base import (
     INT64_MAX,
     MAX_TOOLS,
-    SEED_MAX,
-    SEED_MIN,
     NonEmptyStr,
+    NumSpeculativeTokens,
     Schema,
+    Seed,
+    SpeculativeSwitch,
     fields_fit_the_type,
     invalid,
     only_off,
+    require_distinct,
     schema_within_caps,
     text_as_parts,
     unsupported,
@@ -199,9 +201,7 @@ class MessagesPrompt(Schema):
     @field_validator("tools")
     @classmethod
     def _distinct_names(cls, value: list[AnthropicTool]) -> list[AnthropicTool]:
-        names = [t.name for t in value]
-        if len(set(names)) != len(names):
-            raise invalid("names a tool twice.")
+        require_distinct([t.name for t in value], "tool")
         return value
 
 
@@ -222,9 +222,9 @@ class MessagesRequest(MessagesPrompt):
     container: Annotated[None, only_off("Containers are not supported.")] = None
     mcp_servers: Annotated[None, only_off("MCP servers are not supported.")] = None
     # specdec's extensions, as on chat
-    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
-    speculative: bool = Field(True, description="false: no speculation for this request.")
-    num_speculative_tokens: int | None = Field(None, ge=0, le=INT64_MAX, description="Caps the draft length k; 0: none.")
+    seed: Seed = None
+    speculative: SpeculativeSwitch = True
+    num_speculative_tokens: NumSpeculativeTokens = None
 
     @field_validator("stop_sequences")
     @classmethod

@@ -39,6 +39,23 @@ SEED_MIN, SEED_MAX = INT64_MIN, INT64_MAX
 LEGACY_FUNCTIONS = "The deprecated 'functions' and 'function_call' are not supported; use 'tools' and 'tool_choice'."
 T = TypeVar("T")
 
+# specdec's (and vLLM's) extensions every generating API takes, declared once (`specdec serve --help`).
+Seed = Annotated[int | None, Field(ge=SEED_MIN, le=SEED_MAX)]
+TopK = Annotated[int, Field(ge=-1, le=INT64_MAX, description="Sample from the k most likely tokens; 0 or -1: off.")]
+SpeculativeSwitch = Annotated[bool, Field(description="false: no speculation for this request.")]
+NumSpeculativeTokens = Annotated[
+    int | None, Field(ge=0, le=INT64_MAX, description="Caps the draft length k for this request; 0: no speculation.")]
+CacheSalt = Annotated[str | None, Field(
+    min_length=1, max_length=1024,
+    description="vLLM's: the prompt shares prefix-cache blocks only with requests that send the same salt, so "
+                "one tenant's time to first token does not reveal another's prompts (use a long random secret).")]
+
+
+def require_distinct(names: list[str], noun: str = "function") -> None:
+    """The tools of one request name each function once (every API refuses a repeat)."""
+    if len(set(names)) != len(names):
+        raise invalid(f"names a {noun} twice.")
+
 
 def invalid(message: str, **context: Any) -> PydanticCustomError:
     """A validation error whose message completes "'<param>' ..." (see ``server.api.parsing``).

@@ -17,6 +17,7 @@ from server.api.schema_base import (
     Schema,
     _nullable_optionals,
     invalid,
+    require_distinct,
     text_as_parts,
     unsupported,
 )
@@ -164,9 +165,7 @@ class ChatCompletionRequest(GenerationRequest):
     @field_validator("tools")
     @classmethod
     def _distinct_names(cls, value: list[Tool]) -> list[Tool]:
-        names = [t.function.name for t in value]
-        if len(set(names)) != len(names):
-            raise invalid("names a function twice.")
+        require_distinct([t.function.name for t in value])
         return value
 
     @field_validator("tool_choice")

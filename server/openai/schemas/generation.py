@@ -11,13 +11,17 @@ from server.api.schema_base import (
     INT64_MAX,
     MAX_LOGIT_BIAS,
     MAX_N,
-    SEED_MAX,
     SEED_MIN,
+    CacheSalt,
     NonEmptyList,
     NonEmptyStr,
+    NumSpeculativeTokens,
     Schema,
+    Seed,
+    SpeculativeSwitch,
     TokenId,
     TokenIds,
+    TopK,
     invalid,
     schema_within_caps,
 )
@@ -133,7 +137,7 @@ class GenerationRequest(Schema):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: Stops = []
-    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    seed: Seed = None
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -148,11 +152,9 @@ class GenerationRequest(Schema):
         ResponseFormat(type="text"), description="json_object / json_schema: decoding is constrained to match."
     )
     # extensions
-    top_k: int = Field(0, ge=-1, le=INT64_MAX, description="Sample from the k most likely tokens; 0 or -1: off.")
-    speculative: bool = Field(True, description="false: no speculation for this request.")
-    num_speculative_tokens: int | None = Field(
-        None, ge=0, le=INT64_MAX, description="Caps the draft length k for this request; 0: no speculation."
-    )
+    top_k: TopK = 0
+    speculative: SpeculativeSwitch = True
+    num_speculative_tokens: NumSpeculativeTokens = None
     ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence tokens.")
     stop_token_ids: list[TokenId] = Field([], description="Token ids that end a choice (not included in it).")
     prompt_logprobs: int | None = Field(
@@ -165,11 +167,7 @@ class GenerationRequest(Schema):
                                     "model's); processed_logprobs: the one sampled from (after the grammar mask, "
                                     "logit_bias, penalties, temperature, top_k/top_p). Prompt log-probabilities are raw.",
     )
-    cache_salt: str | None = Field(
-        None, min_length=1, max_length=1024,
-        description="vLLM's: the prompt shares prefix-cache blocks only with requests that send the same salt, so "
-                    "one tenant's time to first token does not reveal another's prompts (use a long random secret).",
-    )
+    cache_salt: CacheSalt = None
     specdec_provenance: bool = Field(
         False, description="Streamed only: each chunk's choice also carries 'provenance', its text in pieces by how "
         "each token was produced (a proposer such as 'draft' or 'ngram', or 'target').",

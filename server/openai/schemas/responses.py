@@ -27,12 +27,16 @@ from server.api.schema_base import (
     INT64_MAX,
     MAX_SCHEMA_CHARS,
     MAX_TOOLS,
-    SEED_MAX,
-    SEED_MIN,
+    CacheSalt,
+    NumSpeculativeTokens,
     Schema,
+    Seed,
+    SpeculativeSwitch,
+    TopK,
     fields_fit_the_type,
     invalid,
     only_off,
+    require_distinct,
     schema_within_caps,
     text_as_parts,
     unsupported,
@@ -296,11 +300,11 @@ class ResponsesRequest(Schema):
     prompt_cache_key: str | None = None  # accepted; the prefix cache needs no key
     prompt_cache_retention: str | None = None  # accepted; no effect
     # specdec's and vLLM's extensions, as on chat
-    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
-    top_k: int = Field(0, ge=-1, le=INT64_MAX, description="Sample from the k most likely tokens; 0 or -1: off.")
-    speculative: bool = Field(True, description="false: no speculation for this request.")
-    num_speculative_tokens: int | None = Field(None, ge=0, le=INT64_MAX, description="Caps the draft length k; 0: none.")
-    cache_salt: str | None = Field(None, min_length=1, max_length=1024, description="vLLM's prefix-cache isolation.")
+    seed: Seed = None
+    top_k: TopK = 0
+    speculative: SpeculativeSwitch = True
+    num_speculative_tokens: NumSpeculativeTokens = None
+    cache_salt: CacheSalt = None
 
     @field_validator("input")
     @classmethod
@@ -321,10 +325,8 @@ class ResponsesRequest(Schema):
     @field_validator("tools")
     @classmethod
     def _distinct_names(cls, value: list[ResponsesTool]) -> list[ResponsesTool]:
-        names = [joined_name(tool.name if tool.type == "namespace" else None, inner.name or "")
-                 for tool in value if tool.type in SERVED_TOOL_TYPES for inner in (tool.tools or [tool])]
-        if len(set(names)) != len(names):
-            raise invalid("names a function twice.")
+        require_distinct([joined_name(tool.name if tool.type == "namespace" else None, inner.name or "")
+                          for tool in value if tool.type in SERVED_TOOL_TYPES for inner in (tool.tools or [tool])])
         return value
 
     @field_validator("stream_options")
