@@ -189,6 +189,16 @@ def names_read_but_not_defined(source: str) -> set[str]:
     return loaded - bound
 
 
+def test_readme_is_short_and_keeps_no_dated_record() -> None:
+    """The README is the front page: at most 200 lines, and no measurement record of a day (those
+    are the *-measurements pages'; a dated speed section crept back in twice). Dates inside link
+    targets (a record's anchor) are fine."""
+    readme = text(ROOT / "README.md")
+    assert len(readme.splitlines()) <= 200
+    prose = re.sub(r"\]\([^)]*\)", "]", readme)
+    assert re.findall(r"\b20\d\d-[01]\d-[0-3]\d\b", prose) == []
+
+
 def test_readme_links_every_docs_page() -> None:
     readme = text(ROOT / "README.md")
     assert DOCS, "docs/*.md is missing"
