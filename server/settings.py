@@ -59,6 +59,13 @@ class ServerSettings:
         default_help="the target tokenizer's own"))
     # --chat-template's text, read once at start (a replica elsewhere need not have the file)
     chat_template_text: str | None = field(default=None, init=False, repr=False)
+    # A template is code from a model file: each render has a budget (server.services.template_pool).
+    chat_template_timeout: float = field(default=10.0, metadata=_flag(
+        "seconds a chat template may take to render one conversation; a render past it is stopped "
+        "and the request gets 400", group="models", minimum=0.01))
+    chat_template_max_chars: int = field(default=8 * 1024 * 1024, metadata=_flag(
+        "characters a chat template may write for one conversation; more is stopped and the request "
+        "gets 400", group="models", minimum=1))
     max_queue: int | None = field(default=256, metadata=_flag(
         "requests allowed to wait beyond --max-num-seqs running ones; more get 429 with Retry-After",
         minimum=0))
@@ -159,6 +166,15 @@ class ServerSettings:
                 raise ValueError(f"--{name.replace('_', '-')} names nothing; give a comma-separated list, or '*'")
         if self.allowed_hosts is not None and not _split_hosts(self.allowed_hosts):
             raise ValueError("--allowed-hosts names no host; give host names, or '*' for any")
+
+    @property
+    def chat_template_name(self) -> str:
+        """The template a request renders with, as an error names it."""
+        if self.chat_template is None:
+            return "The model's chat template"
+        if self.chat_template_text == self.chat_template:
+            return "The --chat-template template"
+        return f"The chat template {self.chat_template}"
 
     @property
     def host_allowlist(self) -> frozenset[str] | None:

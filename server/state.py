@@ -17,6 +17,7 @@ from server.prometheus import ServerMetrics
 from server.services.engine_host import EngineLike
 from server.services.grammar_pool import GrammarPool
 from server.services.response_store import ResponseStore
+from server.services.template_pool import TemplatePool
 from server.settings import ServerSettings
 
 
@@ -55,6 +56,8 @@ class ServerState:
         self._mean_latency_s = 1.0
         # Structured-output compiles: their own bounded pool, shut down with the app (``close``).
         self.grammar_pool = GrammarPool()
+        # Chat-template renders: their own bounded pool, each under a time and output budget.
+        self.template_pool = TemplatePool(settings.chat_template_timeout, settings.chat_template_max_chars)
         # /v1/responses with "store": true (``server.services.response_store``), per process.
         self.responses = ResponseStore(settings.responses_store_entries, settings.responses_store_bytes,
                                        settings.responses_store_ttl)
@@ -140,6 +143,7 @@ class ServerState:
     def close(self) -> None:
         """Release what the state owns (the app's lifespan calls this once it has stopped)."""
         self.grammar_pool.shutdown()
+        self.template_pool.shutdown()
 
     def abort_all(self) -> int:
         """Abort every in-flight generation (shutdown past its grace period). Returns how many."""

@@ -13,7 +13,6 @@ The 400s raised here name the caller's own parameters (``ParamNames``): the Resp
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ from server.http.errors import APIError, invalid_request
 from server.openai.schemas.chat import ChatCompletionRequest, template_messages
 from server.routes.common import check_structured
 from server.services.engine_host import EngineLike
+from server.services.template_pool import budget_template_output
 from server.settings import ServerSettings
 from server.state import ServerState
 from server.tools.tool_use import ToolUse
@@ -89,16 +89,18 @@ def _renamed(err: APIError, names: ParamNames) -> APIError:
 async def render_prompt(state: ServerState, engine: EngineLike, req: ChatCompletionRequest) -> tuple[list[int], ToolUse]:
     """The prompt's token ids (the chat template over the messages, with the tools it offers) and
     the request's ``ToolUse``. System messages after the first turn stay where they stand, or are
-    joined into the leading one where the template takes no other. Rendering grows with the
-    prompt: it runs off the event loop."""
+    joined into the leading one where the template takes no other. The template is code from a
+    model file: it runs in the template pool, under its budget (``server.services.template_pool``)."""
     tokenizer = engine.tokenizer
     tool_use = ToolUse.from_request(req.tools or [], req.tool_choice, req.parallel_tool_calls, tokenizer)
     special = state.settings.allow_special_tokens_in_content
-    prompt_ids = await asyncio.to_thread(_render, tokenizer, template_messages(req.messages), tool_use, special)
+    prompt_ids = await state.template_pool.run(state.settings.chat_template_name, _render, tokenizer,
+                                               template_messages(req.messages), tool_use, special)
     return prompt_ids, tool_use
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], tool_use: ToolUse, special_tokens_in_content: bool) -> list[int]:
+    budget_template_output(tokenizer)
     if not later_system_messages_render(tokenizer):
         messages = leading_system(messages)
     messages, template_kwargs = tool_use.prompt_messages(messages)

@@ -88,3 +88,22 @@ def test_a_value_that_is_neither_a_file_nor_jinja_is_refused_at_start(value: str
         Path(value).write_text("")
     with pytest.raises(SystemExit, match=f"--chat-template: .*{why}"):
         settings_from_args(parse_serve_args(["serve", "--chat-template", value], env={}), env={})
+
+
+def test_a_template_that_loops_is_a_400_naming_it_and_the_server_goes_on(tiny_target: Path, tmp_path: Path) -> None:
+    """A template that never ends for some messages (here: a message saying "loop") is stopped at
+    --chat-template-timeout: that request is a 400 naming the template, the next renders."""
+    path = tmp_path / "loops.jinja"
+    path.write_text("{% for m in messages %}{% if m['content'] == 'loop' %}{% for i in range(99999) %}"
+                    "{% for j in range(99999) %}{% endfor %}{% endfor %}{% endif %}{% endfor %}" + TEMPLATE)
+    with serving(ServerProcess(args(tiny_target, "--chat-template", str(path), "--chat-template-timeout", "1"),
+                               tmp_path / "loops.log")) as srv:
+        looped = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={
+            "model": "m", "messages": [{"role": "user", "content": "loop"}], "max_tokens": 4})
+        assert looped.status_code == 400, looped.text
+        error = looped.json()["error"]
+        assert error["code"] == "chat_template_over_budget" and error["param"] == "messages"
+        assert error["message"].startswith(f"The chat template {path} did not finish within 1 s")
+        answer = chat(srv.url)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["prompt_tokens"] == prompt_tokens(tiny_target, RENDERED)
