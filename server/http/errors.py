@@ -83,9 +83,12 @@ class APIError(Exception):
         return {"type": "error", "error": {"type": kind, "message": self.message}}
 
     def response(self, path: str = "") -> Response:
-        """The error as answered on ``path`` (Anthropic's shape under ``/v1/messages``)."""
+        """The error as answered on ``path`` (Anthropic's shape under ``/v1/messages``). A 5xx
+        closes its connection, and says so (``Connection: close``): after an unexpected error the
+        connection's state is not trusted, and a client that kept it alive got a reset instead."""
         body = self.anthropic_body() if speaks_anthropic(path) else self.body()
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        headers = {**self.headers, "Connection": "close"} if self.status >= 500 else self.headers
+        return JSONResponse(body, status_code=self.status, headers=headers)
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:

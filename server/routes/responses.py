@@ -23,7 +23,7 @@ from starlette.responses import Response
 from server.generation.output_items import OutputItem, new_id
 from server.generation.streaming import Framing, GenerationStream
 from server.http.errors import APIError, invalid_request
-from server.http.jsonio import JSONResponse
+from server.http.jsonio import JSONResponse, ascii_int
 from server.http.request_log import request_id
 from server.openai.choices_response import respond_when_done, start_generation
 from server.openai.responses_input import chat_body, chat_messages, conversation_of, listed_items
@@ -141,8 +141,8 @@ async def list_input_items(request: Request) -> Response:
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise invalid_request(f"'order' must be 'asc' or 'desc', got {order[:20]!r}.", "order")
-    limit_text = query.get("limit", "20")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_LIST_LIMIT:
+    limit = ascii_int(query.get("limit", "20"), max_digits=3)
+    if limit is None or not 1 <= limit <= MAX_LIST_LIMIT:
         raise invalid_request(f"'limit' must be an integer from 1 to {MAX_LIST_LIMIT}.", "limit")
     items = entry.input_items if order == "asc" else entry.input_items[::-1]
     after = query.get("after")
@@ -151,6 +151,6 @@ async def list_input_items(request: Request) -> Response:
         if after not in ids:
             raise invalid_request("'after' names no item of this response.", "after")
         items = items[ids.index(after) + 1:]
-    page = items[: int(limit_text)]
+    page = items[:limit]
     return JSONResponse({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
                          "last_id": page[-1]["id"] if page else None, "has_more": len(items) > len(page)})

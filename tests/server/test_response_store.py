@@ -5,6 +5,9 @@ argument, advanced by hand, so expiry is tested without waiting."""
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
+
 from server.services.response_store import ResponseStore, StoredResponse
 
 
@@ -25,7 +28,7 @@ def test_entries_bound_evicts_the_least_recently_used() -> None:
 
 
 def test_bytes_bound_holds_and_an_oversized_entry_is_not_stored() -> None:
-    size = StoredResponse.measure(*entry(0, chars=1000))
+    size = StoredResponse.pack(*entry(0, chars=1000), expires_at=0).size
     store = ResponseStore(max_entries=100, max_bytes=size * 2 + size // 2, ttl_s=60)
     for i in range(5):
         assert store.put(f"r{i}", *entry(i, chars=1000))
@@ -44,3 +47,24 @@ def test_entries_expire_and_deleted_ones_are_gone() -> None:
     assert store.get("old") is None and store.get("new") is not None
     assert store.delete("new") and not store.delete("new") and store.get("new") is None
     assert len(store) == 0 and store.bytes == 0
+
+
+def test_what_the_store_holds_in_memory_is_what_it_counts() -> None:
+    """Filled with responses of many empty parts (whose parsed objects weigh ten times their JSON),
+    the memory the store holds stays within its byte bound; each read parses a fresh copy."""
+    parts = [{"type": "input_text", "text": ""} for _ in range(16_000)]
+    store = ResponseStore(max_entries=1000, max_bytes=8 * 1024 * 1024, ttl_s=60)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(40):
+            store.put(f"r{i}", {"id": f"r{i}"}, [{"role": "user", "content": parts}], [{"id": f"m{i}", "content": parts}])
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert store.evictions > 0 and store.bytes <= store.max_bytes
+    assert held <= store.max_bytes * 1.2, f"the store holds {held} bytes for a bound of {store.max_bytes}"
+    newest = store.get("r39")
+    assert newest is not None and newest.conversation[0]["content"] == parts
+    assert newest.conversation is not newest.conversation  # parsed on each read, never kept

@@ -220,3 +220,20 @@ def test_a_full_store_evicts_the_least_recently_used(client: openai.OpenAI) -> N
         except openai.NotFoundError as err:
             assert err.body["code"] == "response_not_found"
     assert kept == made[-KEYED_STORE_ENTRIES:]  # never more than the bound, the oldest gone first
+
+
+def test_list_limits_and_huge_integers_are_400s_that_say_why(keyed_server: ServerProcess, client: openai.OpenAI) -> None:
+    """A ``limit`` must be 1 to 100 in ASCII digits (``"²"`` passed ``isdigit`` and then failed
+    ``int``: a 500); an integer in a call's arguments may have 4,300 digits, and one longer is a
+    400 that says so, not Python's advice."""
+    known = client.responses.create(model=MODEL, input="Hi", max_output_tokens=1).id
+    url = f"{keyed_server.url}/v1/responses/{known}/input_items"
+    headers = {"Authorization": f"Bearer {KEYED_API_KEY}"}
+    for limit in ["²", "٣", "1" * 5000, "0", "101", "-1", "1.0", ""]:
+        r = httpx.get(url, params={"limit": limit}, headers=headers, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "limit", (limit, r.text)
+    assert httpx.get(url, params={"limit": "1"}, headers=headers, timeout=30).json()["data"]
+    call = {"type": "function_call", "call_id": "c", "name": "f"}
+    r = post(keyed_server, {"input": [{**call, "arguments": '{"n": %s}' % ("9" * 5000)}]})
+    assert r.status_code == 400 and "an integer has more than 4300 digits" in r.json()["error"]["message"], r.text
+    assert "sys." not in r.text

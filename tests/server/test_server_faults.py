@@ -180,3 +180,25 @@ def test_the_real_engine_builder_freezes_the_startup_heap(tiny_target: Path) -> 
     finally:
         engine.shutdown()
         gc.unfreeze()
+
+
+def test_every_5xx_closes_its_connection_and_a_kept_alive_client_goes_on(served, fake: FakeEngine, monkeypatch) -> None:
+    """An engine failure (a 500 the server raises) and a bug (an exception nothing expected: the
+    tokenizer raising) both answer ``Connection: close``: the client reconnects for its next
+    request instead of sending it into a connection the server resets."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("tokenizer bug")
+
+    with httpx.Client(base_url=served.url, timeout=30) as client:
+        assert client.post(C, json=BODY).headers.get("connection") != "close"  # kept alive when all is well
+        fake.script = Script(raise_on_add=RuntimeError("boom"))
+        r = client.post(C, json=BODY)
+        assert error_of(r, 500)["code"] == "internal_error" and r.headers["connection"] == "close"
+        fake.script = Script()
+        monkeypatch.setattr(fake, "tokenizer", broken)
+        r = client.post(C, json=BODY)
+        assert error_of(r, 500)["code"] == "internal_error" and r.headers["connection"] == "close"
+        assert "tokenizer bug" not in r.text and r.headers["x-request-id"] in r.json()["error"]["message"]
+        monkeypatch.undo()
+        assert client.post(C, json=BODY).status_code == 200
