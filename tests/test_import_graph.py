@@ -1,11 +1,11 @@
 """The project's modules import each other as a DAG: no cycle, counting every import statement
 (module level, inside functions, and under ``if TYPE_CHECKING``), so each layer can be read, and
 tested, without the ones above it. The layers themselves are fixed: ``clients -> server ->
-specdec_core``, and inside the core ``engine -> speculation -> decoding/loading -> execution``;
-an import may only point down (or sideways inside one package). A cycle check alone let the
-core's packages import upward from inside functions and type-only blocks (the speculation
-proposers took the engine's ``Request``), so a newcomer could not read one package without the
-one above it."""
+specdec_core``, and inside the core ``engine -> speculation -> decoding/loading -> execution ->
+kernels`` (the C library); an import may only point down (or sideways inside one package). A
+cycle check alone let the core's packages import upward from inside functions and type-only
+blocks (the speculation proposers took the engine's ``Request``), so a newcomer could not read
+one package without the one above it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ PACKAGES = ("server", "specdec_core", "clients")
 # Higher imports lower, never the reverse. Equal ranks (decoding, loading) may not import each
 # other either: neither needs the other, and a sideways import is a cycle waiting to happen.
 TOP_ORDER = {"clients": 2, "server": 1, "specdec_core": 0}
-CORE_ORDER = {"engine": 3, "speculation": 2, "decoding": 1, "loading": 1, "execution": 0}
+CORE_ORDER = {"engine": 4, "speculation": 3, "decoding": 2, "loading": 2, "execution": 1, "kernels": 0}
 
 
 def module_name(path: Path) -> str:

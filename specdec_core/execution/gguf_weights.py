@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from specdec_core.execution.gguf_file import read_gguf
-from specdec_core.execution.gguf_kernels import SUPPORTED_TYPES
 from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear, executable
 from specdec_core.execution.hf_types import HFModule
+from specdec_core.kernels.c_library import SUPPORTED_TYPES
 
 logger = logging.getLogger(__name__)
 
