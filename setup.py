@@ -1,36 +1,24 @@
-"""Builds the GGUF block kernels (``specdec_core/execution/csrc``) at install; everything else is in
+"""Builds the C library (``specdec_core/kernels/csrc``) at install; everything else is in
 pyproject.toml.
 
 The extension is optional: without a C compiler the install still succeeds, and
-``specdec_core.execution.gguf_kernels`` compiles the same sources on first use if a compiler appears later
+``specdec_core.kernels.c_library`` compiles the same sources on first use if a compiler appears later
 (``--quantize gguf`` needs one of the two; every other mode needs neither).
+
+What is built (sources, hash, flags) is ``specdec_core/kernels/build_definition.py``, which the
+first-use build reads too; it is loaded here by path, since importing the package would import
+torch, which setup.py cannot need.
 """
 
-import hashlib
+import importlib.util
 from pathlib import Path
 
 from setuptools import Extension, setup
 
-CSRC = Path(__file__).parent / "specdec_core" / "execution" / "csrc"
-# The folder is the list, read as ``gguf_kernels.SOURCES`` and ``HEADERS`` read it (that module
-# imports torch, which setup.py cannot need): every C file but the Python module wrapper, every header.
-PY_MODULE = "gguf_module.c"
-SOURCES = sorted(p.name for p in CSRC.glob("*.c") if p.name != PY_MODULE)
-HEADERS = sorted(p.name for p in CSRC.glob("*.h"))
-SOURCES_HASH = hashlib.sha256(b"".join((CSRC / f).read_bytes() for f in SOURCES + HEADERS)).hexdigest()[:16]
-RELATIVE = "specdec_core/execution/csrc/"  # setuptools wants paths relative to setup.py
+ROOT = Path(__file__).parent
+_spec = importlib.util.spec_from_file_location("build_definition", ROOT / "specdec_core" / "kernels" / "build_definition.py")
+assert _spec is not None and _spec.loader is not None
+build_definition = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build_definition)
 
-setup(
-    ext_modules=[
-        Extension(
-            "specdec_core.execution._gguf_kernels",
-            sources=[RELATIVE + name for name in [PY_MODULE, *SOURCES]],
-            depends=[RELATIVE + name for name in HEADERS],
-            # no FMA contraction: a row's float steps must be the same in every tile instantiation
-            extra_compile_args=["-O3", "-ffp-contract=off", "-pthread", f'-DSD_SOURCES_HASH="{SOURCES_HASH}"'],
-            extra_link_args=["-pthread"],
-            libraries=["m", "dl"],
-            optional=True,
-        )
-    ]
-)
+setup(ext_modules=[Extension(**build_definition.extension_arguments(ROOT), optional=True)])

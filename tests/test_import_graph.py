@@ -1,8 +1,8 @@
 """The project's modules import each other as a DAG: no cycle, counting every import statement
 (module level, inside functions, and under ``if TYPE_CHECKING``), so each layer can be read, and
 tested, without the ones above it. The layers themselves are fixed: ``clients -> server ->
-specdec_core``, and inside the core ``engine -> speculation -> decoding/loading -> execution``;
-an import may only point down (or sideways inside one package). A cycle check alone let the
+specdec_core``, and inside the core ``engine -> speculation -> decoding/loading -> execution ->
+kernels`` (the C library); an import may only point down (or sideways inside one package). A cycle check alone let the
 core's packages import upward from inside functions and type-only blocks (the speculation
 proposers took the engine's ``Request``), so a newcomer could not read one package without the
 one above it. The server has floors of its own (``SERVER_ORDER``): with ``server`` as one layer,
@@ -20,7 +20,7 @@ PACKAGES = ("server", "specdec_core", "clients")
 TOP_ORDER = {"clients": 2, "server": 1, "specdec_core": 0}
 # "" is the package itself: the core's facade re-exports the engine (above it all); the server's
 # holds only its version (below it all).
-CORE_ORDER = {"": 4, "engine": 3, "speculation": 2, "decoding": 1, "loading": 1, "execution": 0}
+CORE_ORDER = {"": 5, "engine": 4, "speculation": 3, "decoding": 2, "loading": 2, "execution": 1, "kernels": 0}
 SERVER_ORDER = {
     "": 0, "settings": 0, "prometheus": 0, "logging_setup": 0,  # process configuration
     "http": 1,  # HTTP plumbing: errors, bodies, JSON, auth, the request log

@@ -98,13 +98,13 @@ def step_bench(source: str | None, context: int, repeats: int, gbs: float,
     import torch
 
     from specdec_core.engine.config import default_cache_dir
-    from specdec_core.execution import gguf_kernels
     from specdec_core.execution.device_profile import DeviceProfile
     from specdec_core.execution.forward_plan import ForwardItem
     from specdec_core.execution.gguf_linear import GGUFLinear
     from specdec_core.execution.kv_cache import blocks_for, region
     from specdec_core.execution.linear_kernels import RowInt8Linear
     from specdec_core.execution.model_runner import ModelRunner
+    from specdec_core.kernels import c_library
     from specdec_core.loading.loader import load_model
 
     loaded = load_model(source, role="target", profile=DeviceProfile.decide("cpu", "float32", "none"),
@@ -144,14 +144,14 @@ def step_bench(source: str | None, context: int, repeats: int, gbs: float,
     one: dict[str, float] = {}
 
     def on_pool(own: bool, items: list[ForwardItem]) -> None:
-        gguf_kernels.thread_pool(own=own)
+        c_library.thread_pool(own=own)
         runners["gguf"].forward(items)
 
     for label, items in shapes.items():
         res = interleaved({"int8": lambda items=items: runners["int8"].forward(items),
                            "gguf": lambda items=items: on_pool(False, items),
                            "own": lambda items=items: on_pool(True, items)}, repeats)
-        gguf_kernels.thread_pool(own=False)
+        c_library.thread_pool(own=False)
         one.setdefault("int8", res["int8"][0])
         one.setdefault("gguf", res["gguf"][0])
         print(f"| {label} | " + " | ".join(f"{res[m][0]:.1f} ({res[m][1]:.1f})" for m in ("int8", "gguf", "own"))

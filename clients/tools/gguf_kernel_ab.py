@@ -29,29 +29,35 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CSRC = "specdec_core/execution/csrc"
+CSRC = "specdec_core/kernels/csrc"
+OLD_CSRC = "specdec_core/execution/csrc"  # where revisions before the C library's own package kept it
 # (label, GGML type name, out_features, in_features)
 SHAPES = [("q/o 1536x1536", "Q4_K", 1536, 1536), ("k/v 256x1536", "Q4_K", 256, 1536),
           ("v 256x1536", "Q6_K", 256, 1536), ("gate/up 8960x1536", "Q4_K", 8960, 1536),
           ("down 1536x8960", "Q4_K", 1536, 8960), ("down 1536x8960", "Q6_K", 1536, 8960),
           ("head 151936x1536", "Q6_K", 151936, 1536)]
 SHAPES += [(label, "Q8_0-act16", n, k) for label, _, n, k in SHAPES[:1] + SHAPES[3:5] + SHAPES[6:]]
-ACT16 = 0x200  # SD_ACT16 (gguf_kernels.ACT16): the type code's flag for 16-bit activations
+ACT16 = 0x200  # SD_ACT16 (c_library.ACT16): the type code's flag for 16-bit activations
 
 
 def build(rev: str | None, out: Path) -> Path:
     """Compile the kernels of git revision ``rev`` (None: the working tree) into ``out``."""
     sys.path.insert(0, str(ROOT))
-    from specdec_core.execution.gguf_kernels import CFLAGS
+    from specdec_core.kernels.build_definition import CFLAGS
 
     src = ROOT / CSRC
     if rev is not None:
         src = out / f"src-{rev.replace('/', '_')}"
         src.mkdir()
-        names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:{CSRC}"],
-                               check=True, capture_output=True, text=True).stdout.split()
-        for name in names:
-            blob = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{CSRC}/{name}"], check=True, capture_output=True)
+        for folder in (CSRC, OLD_CSRC):
+            listed = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:{folder}"],
+                                    capture_output=True, text=True)
+            if listed.returncode == 0:
+                break
+        else:
+            raise SystemExit(f"{rev} has no C sources in {CSRC} or {OLD_CSRC}")
+        for name in listed.stdout.split():
+            blob = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{folder}/{name}"], check=True, capture_output=True)
             (src / name).write_bytes(blob.stdout)
     lib = out / f"lib-{'worktree' if rev is None else rev.replace('/', '_')}.so"
     sources = [str(p) for p in sorted(src.glob("gguf_*.c")) if p.name != "gguf_module.c"]
@@ -107,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         if args.sets:  # one build, the set chosen before each call (the repacked layout is the same)
-            from specdec_core.execution.gguf_kernels import KERNEL_SET_CODES
+            from specdec_core.kernels.c_library import KERNEL_SET_CODES
 
             set_a, set_b = args.sets.split(",")
             lib = bind(build(None, Path(tmp)))
@@ -117,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"this CPU does not run the kernel set {name}")
             what = f"A = {set_a}, B = {set_b} (the working tree's build)"
         else:
-            from specdec_core.execution.gguf_kernels import KERNEL_SET_CODES
+            from specdec_core.kernels.c_library import KERNEL_SET_CODES
 
             impl = KERNEL_SET_CODES[args.set] if args.set else 0
             libs = {"A": (bind(build(args.base, Path(tmp))), impl), "B": (bind(build(None, Path(tmp))), impl)}

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from specdec_core.execution.cache_paths import default_cache_dir
+from specdec_core.kernels.cache_paths import default_cache_dir
 
 SpeculativeMethod = Literal["auto", "draft", "ngram", "suffix", "none"]
 
@@ -77,7 +77,7 @@ class EngineConfig:
         "load for any other model or layer; 8-bit per-row activations, batch-invariant; CPU only), "
         "int8 (opt-in: per-row activation and per-channel weight scales, batch-invariant, lower quality; CPU only), "
         "none (fp32 on CPU, bf16 on CUDA), auto = gguf on an AVX2, AVX-512 VNNI or AMX CPU, else int8 on CPU, none on CUDA"))
-    # The C kernels' instruction set, for the process (``gguf_kernels``): auto takes the best this CPU runs.
+    # The C kernels' instruction set, for the process (``c_library``): auto takes the best this CPU runs.
     kernels: Literal["auto", "amx-int8", "avx512-vnni", "avx2", "portable"] = field(default="auto", metadata=_flag(
         "C kernel set (block GEMMs, row ops, row attention) for the whole process: amx-int8 (AVX-512 VNNI plus AMX tile "
         "products for steps of several rows; same bits), avx512-vnni, avx2, portable (plain C, any CPU; "

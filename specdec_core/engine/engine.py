@@ -29,6 +29,7 @@ from specdec_core.decoding.grammar import CompiledGrammar, GrammarCompiler
 from specdec_core.decoding.logprobs import token_logprobs
 from specdec_core.decoding.sampling_params import SamplingParams, outside_vocab
 from specdec_core.decoding.structured_output import StructuredOutput
+from specdec_core.engine.block_pool import BlockPool
 from specdec_core.engine.config import EngineConfig, speculation_method
 from specdec_core.engine.deferred_startup import DeferredStartup
 from specdec_core.engine.kv_sizing import size_for
@@ -40,7 +41,6 @@ from specdec_core.engine.speculative_step import SpeculativeStep, StepOutcome
 from specdec_core.engine.startup_costs import step_costs
 from specdec_core.engine.stats import EngineMetrics
 from specdec_core.engine.step_plan import ScheduledRequest, ScheduledStep
-from specdec_core.execution.block_pool import BlockPool
 from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.execution.model_runner import ModelRunner

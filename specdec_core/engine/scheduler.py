@@ -23,10 +23,10 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from specdec_core.engine.block_pool import BlockPool
 from specdec_core.engine.prefix_cache import PrefixCache
 from specdec_core.engine.request import Request, Status
 from specdec_core.engine.step_plan import PrefixCopy, ScheduledStep
-from specdec_core.execution.block_pool import BlockPool
 from specdec_core.execution.kv_cache import blocks_for
 from specdec_core.speculation.scheduled_request import ScheduledRequest
 

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 
 from specdec_core.engine.config import EngineConfig
 from specdec_core.engine.scheduler import Scheduler
-from specdec_core.execution import gguf_kernels
 from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.kv_cache import blocks_for
 from specdec_core.execution.model_runner import ModelRunner
+from specdec_core.kernels import c_library
 from specdec_core.loading.progress_log import phase
 from specdec_core.speculation.calibration import Calibration, WarmUp, calibration_blocks, warm_up, warm_up_blocks
 from specdec_core.speculation.cost_cache import CostCache, machine
@@ -109,8 +109,8 @@ def step_costs(config: EngineConfig, target: ModelRunner, draft: ModelRunner | N
         "target": target_model.identity,
         "draft": draft_model.identity if draft_model is not None else None,
         "quantize": profile.kernels,
-        "kernels": gguf_kernels.build() if c_kernels else None,
-        "kernel_set": gguf_kernels.active_kernels() if c_kernels else None,
+        "kernels": c_library.build() if c_kernels else None,
+        "kernel_set": c_library.active_kernels() if c_kernels else None,
         "attention": profile.attention, "path": target.path,
         "dtype": str(profile.dtype), "device": profile.device.type, "machine": machine(),
         "max_num_seqs": config.max_num_seqs, "tokens_per_seq": tokens_per_seq, "max_model_len": config.max_model_len,

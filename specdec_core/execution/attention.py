@@ -15,7 +15,7 @@
   computed with, so a call shared by rows of several requests could not promise that.)
   Where the C kernels run (float32 on an AVX2 CPU), every one-row segment (a decode row, a
   draft, a prompt row) goes to one call per layer instead (``RowAttention``,
-  ``csrc/row_attention.c``), which computes each row's heads on their own: a torch call per row
+  ``kernels/csrc/row_attention.c``), which computes each row's heads on their own: a torch call per row
   costs 80-165 us here, nearly all of it per-op overhead, 28 of them per row in a step of the
   1.5B. A prompt of 128-2048 tokens prefilled row by row took 0.98-1.01x the time of block
   segments on the default pair.
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specdec_core.execution import gguf_kernels
+from specdec_core.kernels import c_library
 
 
 @dataclass
@@ -124,7 +124,7 @@ def attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows:
     heads, _, head_dim = q.shape
     if q.stride(0) != head_dim or q.stride(2) != 1 or keys.stride(1) != head_dim or not out.is_contiguous():
         raise ValueError("attend_rows wants [T, H, D] queries and a [kv_heads, rows, D] cache")
-    rc = gguf_kernels.library().sd_attend_rows(
+    rc = c_library.library().sd_attend_rows(
         q.data_ptr(), q.stride(1), keys.data_ptr(), values.data_ptr(), keys.stride(0), *rows.pointers,
         heads, keys.shape[0], head_dim, head_dim ** -0.5 if scale is None else scale,
         out.data_ptr(), out.stride(0), torch.get_num_threads())

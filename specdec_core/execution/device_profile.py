@@ -32,8 +32,8 @@ from typing import Literal
 
 import torch
 
-from specdec_core.execution import gguf_kernels
 from specdec_core.execution.linear_kernels import Quantize
+from specdec_core.kernels import c_library
 
 AttentionLayout = Literal["segments", "packed"]
 
@@ -80,11 +80,11 @@ def resolve_kernels(quantize: str, device: torch.device, dtype: torch.dtype) -> 
     if quantize == "auto":
         if not cpu_fp32:
             return "none"
-        return "gguf" if gguf_kernels.vectorized() else "int8"
+        return "gguf" if c_library.vectorized() else "int8"
     if quantize in ("int8", "gguf") and not cpu_fp32:
         raise ProfileError(f"quantize={quantize!r} (quantized CPU kernels) runs only on the CPU in float32, "
                            f"not on {device} in {dtype}; use quantize='none' there")
-    if quantize == "gguf" and not gguf_kernels.available():
+    if quantize == "gguf" and not c_library.available():
         raise ProfileError("quantize='gguf' needs the C block kernels, which could not be built or loaded")
     return "int8" if quantize == "int8" else quantize  # type: ignore[return-value]
 
@@ -106,12 +106,12 @@ class DeviceProfile:
                attention: str = "auto", decode_graphs: str = "auto", kernel_set: str = "auto") -> DeviceProfile:
         """Make every choice from the flags (each ``auto`` by the device), or say why one cannot run.
         ``kernel_set`` other than ``auto`` selects the C kernel set for the whole process
-        (``gguf_kernels.select_kernels``); ``auto`` keeps the one it runs (``SPECDEC_KERNELS`` or the best)."""
+        (``c_library.select_kernels``); ``auto`` keeps the one it runs (``SPECDEC_KERNELS`` or the best)."""
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         if kernel_set != "auto":
             try:
-                gguf_kernels.select_kernels(kernel_set)
+                c_library.select_kernels(kernel_set)
             except (ValueError, RuntimeError) as exc:
                 raise ProfileError(str(exc)) from exc
         kernels = resolve_kernels(quantize, dev, dt)
@@ -123,7 +123,7 @@ class DeviceProfile:
         if decode_graphs == "on" and layout != "packed":
             raise ProfileError("--decode-graphs on needs packed attention (--attention packed)")
         graphs = layout == "packed" and (decode_graphs == "on" or (decode_graphs == "auto" and dev.type == "cuda"))
-        rows = dev.type == "cpu" and dt == torch.float32 and gguf_kernels.vectorized()
+        rows = dev.type == "cpu" and dt == torch.float32 and c_library.vectorized()
         return cls(dev, dt, kernels, layout, rows, graphs, graphs and dev.type == "cuda")
 
     @classmethod
@@ -151,7 +151,7 @@ class DeviceProfile:
 
 def _c_library() -> str:
     """The C library's part of the log line: its build, the kernel set it runs, what the CPU has."""
-    if not gguf_kernels.available():
+    if not c_library.available():
         return "C library unavailable"
-    return (f"C library {gguf_kernels.build()}, kernels {gguf_kernels.active_kernels()} "
-            f"(CPU: {' '.join(gguf_kernels.cpu_features()) or 'none of avx2, avx512'})")
+    return (f"C library {c_library.build()}, kernels {c_library.active_kernels()} "
+            f"(CPU: {' '.join(c_library.cpu_features()) or 'none of avx2, avx512'})")

@@ -3,7 +3,7 @@
 The weight stays in the file's block format (Q4_K, Q6_K, Q8_0, ...): fewer bytes per weight than
 int8 (4.5 bits for Q4_K against 8), and no second rounding: the model served is the model the user
 downloaded. The activations are quantized to 8 bits per row inside the kernel
-(``gguf_kernels``), as llama.cpp does, so every output row depends only on its own input row, bit
+(``c_library``), as llama.cpp does, so every output row depends only on its own input row, bit
 for bit, whatever the number of rows in the call: the same contract as the other CPU kernels
 (``linear_kernels``). Q8_0 blocks made at load from a float weight get 16-bit activations instead
 (``activation_bits``, ``q8_0_blocks``): same contract, closer to fp32.
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_core.execution import gguf_kernels
 from specdec_core.execution.prepared_linear import PreparedLinear
+from specdec_core.kernels import c_library
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class BlockWeight:
 
     @property
     def type_name(self) -> str:
-        return gguf_kernels.SUPPORTED_TYPES.get(self.ggml_type, str(self.ggml_type))
+        return c_library.SUPPORTED_TYPES.get(self.ggml_type, str(self.ggml_type))
 
     def rows(self, index: torch.Tensor | list[int]) -> "BlockWeight":
         """Only the output rows ``index``, in that order (a row of blocks is self-contained)."""
@@ -62,7 +62,7 @@ _i32, _i64, _ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
 
 
 class BlockCalls(ctypes.Structure):
-    """A ``GGUFLinear`` as the C library takes it (``sd_linear`` of ``csrc/gguf_kernels.h``): its
+    """A ``GGUFLinear`` as the C library takes it (``sd_linear`` of ``kernels/csrc/gguf_kernels.h``): its
     kernel calls, each writing the next columns of the output, and the bias. One C function
     (``sd_block_linear``) runs it, for ``GGUFLinear.forward`` and inside the one-call decoder
     stack (``row_layers``) alike."""
@@ -73,13 +73,13 @@ class BlockCalls(ctypes.Structure):
 
 def executable(weight: BlockWeight) -> bool:
     """True when the kernels run this format with this row length (and these activations)."""
-    if weight.ggml_type not in gguf_kernels.SUPPORTED_TYPES:
+    if weight.ggml_type not in c_library.SUPPORTED_TYPES:
         return False
     if weight.activation_bits not in (8, 16):
         return False
-    if weight.activation_bits == 16 and weight.ggml_type not in gguf_kernels.ACT16_TYPES:
+    if weight.activation_bits == 16 and weight.ggml_type not in c_library.ACT16_TYPES:
         return False
-    return gguf_kernels.row_bytes(weight.ggml_type, weight.in_features) == weight.blocks.shape[1]
+    return c_library.row_bytes(weight.ggml_type, weight.in_features) == weight.blocks.shape[1]
 
 
 class GGUFLinear(PreparedLinear):
@@ -107,8 +107,8 @@ class GGUFLinear(PreparedLinear):
         # the file's layout is not kept beside a repacked copy
         self.calls: list[tuple[int, torch.Tensor, int]] = []
         for part in merged:
-            kind = part.ggml_type | (gguf_kernels.ACT16 if part.activation_bits == 16 else 0)
-            packed = gguf_kernels.repack(kind, part.blocks, in_features)
+            kind = part.ggml_type | (c_library.ACT16 if part.activation_bits == 16 else 0)
+            packed = c_library.repack(kind, part.blocks, in_features)
             code, data = packed if packed is not None else (kind, part.blocks)
             self.calls.append((code, data, part.out_features))
         self.bias = None if bias is None else bias.detach().float().contiguous()
@@ -138,5 +138,5 @@ class GGUFLinear(PreparedLinear):
             rows = rows.float().contiguous()
         m = rows.shape[0]
         out = torch.empty(m, self.out_features, dtype=torch.float32)
-        gguf_kernels.block_linear(self._desc_at, rows.data_ptr(), m, rows.stride(0), out.data_ptr())
+        c_library.block_linear(self._desc_at, rows.data_ptr(), m, rows.stride(0), out.data_ptr())
         return out.reshape(*shape[:-1], self.out_features)

@@ -9,7 +9,7 @@ overwritten. The target's and the draft's pools have the same number of blocks a
 uses the same table in both (position p is in the same block of each).
 
 Attention reads a request's keys as one run of rows. Where its table is one run of consecutive
-blocks (the allocator tries hard: see ``block_pool``) that is a free slice; otherwise the rows are
+blocks (the allocator, ``engine/block_pool``, tries hard) that is a free slice; otherwise the rows are
 gathered, once per request and layer. Either way the attention call sees the same values in the
 same shapes, so a row's result does not depend on where its blocks are (checked bit for bit).
 """

@@ -5,7 +5,7 @@ garbles small models (SmolLM2-135M's greedy ``def quicksort(arr):`` degenerates 
 ``return [xortortort...``) and on Qwen2.5-1.5B agrees with fp32 on only 0.945 of top-1 tokens,
 worse than the 4-bit GGUF file. GGML's Q8_0 keeps one fp16 scale per 32 weights (8.5 bits a
 weight). The block kernels multiply these blocks with activations quantized to 16 bits per 32
-values (``csrc/gguf_q8_0_act16.c``), not with the 8-bit ones they give a GGUF file's blocks (as
+values (``kernels/csrc/gguf_q8_0_act16.c``), not with the 8-bit ones they give a GGUF file's blocks (as
 llama.cpp does): on the 1.5B (950 positions, ``clients/tools/quant_quality.py``) Q8_0 with 8-bit
 activations kept 0.988 of fp32's top-1 tokens (KL 0.0040 nats), with float32 activations 0.998
 (KL 0.00013); the activations' rounding was the loss. A row's result never depends on the other
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec_core.execution import gguf_kernels
 from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
+from specdec_core.kernels import c_library
 
 Q8_0 = 8  # GGML type id (gguf.GGMLQuantizationType.Q8_0)
 BLOCK_VALUES = 32
@@ -36,7 +36,7 @@ _CHUNK_VALUES = 1 << 18  # values per quantizer call: 1 MB float32 temporaries (
 def quantizable(weight: torch.Tensor) -> bool:
     """True when the kernels run Q8_0 rows of this weight's length (a multiple of 32)."""
     k = weight.shape[-1]
-    return weight.dim() == 2 and k % BLOCK_VALUES == 0 and gguf_kernels.row_bytes(Q8_0, k) == k // BLOCK_VALUES * 34
+    return weight.dim() == 2 and k % BLOCK_VALUES == 0 and c_library.row_bytes(Q8_0, k) == k // BLOCK_VALUES * 34
 
 
 def quantize_q8_0(weight: torch.Tensor) -> BlockWeight:

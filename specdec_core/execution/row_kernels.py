@@ -1,4 +1,4 @@
-"""A layer's row-wise float32 operations as one C call each (``csrc/row_ops.c``): RMS norm,
+"""A layer's row-wise float32 operations as one C call each (``kernels/csrc/row_ops.c``): RMS norm,
 rotary embedding, gated product (SiLU or GELU).
 
 Why: on the CPU a one-token step is bound by the bytes of weights it streams (~60 ms for the
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec_core.execution import gguf_kernels
+from specdec_core.kernels import c_library
 
 
 def _rows(x: torch.Tensor) -> None:
@@ -28,7 +28,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``weight * x / sqrt(mean(x^2) + eps)`` per row of ``x`` ``[T, n]``."""
     _rows(x)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    gguf_kernels.library().sd_rms_norm(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), weight.data_ptr(), eps,
+    c_library.library().sd_rms_norm(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), weight.data_ptr(), eps,
                                        out.data_ptr(), out.stride(0), torch.get_num_threads())
     return out
 
@@ -40,11 +40,11 @@ def rope_(x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: to
     _rows(x)
     if cos.stride(1) != 1 or sin.stride() != cos.stride() or x.shape[1] < heads * head_dim:
         raise ValueError("rope_ wants [T, head_dim] cos/sin tables with unit-stride rows")
-    gguf_kernels.library().sd_rope(x.data_ptr(), x.shape[0], x.stride(0), heads, head_dim, cos.data_ptr(),
+    c_library.library().sd_rope(x.data_ptr(), x.shape[0], x.stride(0), heads, head_dim, cos.data_ptr(),
                                    sin.data_ptr(), cos.stride(0))
 
 
-# The gated products ``gate_mul`` computes, in the order of ``csrc/row_ops.c``'s SD_ACT_* codes.
+# The gated products ``gate_mul`` computes, in the order of ``kernels/csrc/row_ops.c``'s SD_ACT_* codes.
 ACTIVATIONS = ("silu", "gelu_tanh")
 
 
@@ -54,6 +54,6 @@ def gate_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     _rows(gate_up)
     n = gate_up.shape[1] // 2
     out = gate_up.new_empty(gate_up.shape[0], n)
-    gguf_kernels.library().sd_gate_mul(gate_up.data_ptr(), gate_up.shape[0], n, gate_up.stride(0), out.data_ptr(),
+    c_library.library().sd_gate_mul(gate_up.data_ptr(), gate_up.shape[0], n, gate_up.stride(0), out.data_ptr(),
                                        out.stride(0), ACTIVATIONS.index(activation), torch.get_num_threads())
     return out

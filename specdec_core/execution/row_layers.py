@@ -1,5 +1,5 @@
 """The decoder stack of a CPU forward whose rows are all one-row attention segments, as one C
-call (``csrc/decode_rows.c``): what ``native_decoder.DecoderLayer`` computes with the C row
+call (``kernels/csrc/decode_rows.c``): what ``native_decoder.DecoderLayer`` computes with the C row
 kernels and the GGUF block kernels, without going back to Python between operations.
 
 Why: on a small model the Python around the matrix products costs as much as the products. On
@@ -14,7 +14,7 @@ one-row attention), where every row of every forward is its own attention segmen
 ``int8``/``none``, packed attention) the per-op path runs. Each C operation is the function the
 per-op path calls, so a row's bits are the same on both paths (``tests/execution/test_row_layers.py``).
 
-The ctypes Structures below mirror ``csrc/decode_rows.h`` field for field.
+The ctypes Structures below mirror ``kernels/csrc/decode_rows.h`` field for field.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from typing import cast
 
 import torch
 
-from specdec_core.execution import gguf_kernels, row_kernels
+from specdec_core.execution import row_kernels
 from specdec_core.execution.attention import RowAttention
 from specdec_core.execution.decoder_families import DecoderSpec
 from specdec_core.execution.gguf_linear import BlockCalls, GGUFLinear
 from specdec_core.execution.kv_cache import PagedKVCache
+from specdec_core.kernels import c_library
 
 STEP_TABLES, STEP_WINDOWS = 4, 4  # SD_STEP_TABLES, SD_STEP_WINDOWS
 LINEARS = ("qkv", "o", "gate_up", "down")  # a layer's block linears, in _Layer's order
@@ -84,7 +85,7 @@ class RowLayers:
             desc.table, desc.window = self.tables.index(layer_spec.rope), self.windows.index(layer_spec.window)
         self.widths = {name: max(getattr(layer, name).out_features for layer in layers) for name in ("qkv", "gate_up")}
         self.scale = spec.attn_scale if spec.attn_scale is not None else spec.head_dim ** -0.5
-        self.lib = _bind(gguf_kernels.library())
+        self.lib = _bind(c_library.library())
 
     @classmethod
     def of(cls, layers: Sequence[torch.nn.Module], spec: DecoderSpec, row_kernels: bool) -> RowLayers | None:

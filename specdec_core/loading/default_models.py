@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 from tqdm import tqdm
 
-from specdec_core.execution.gguf_file import read_gguf
+from specdec_core.loading.gguf_file import read_gguf
 from specdec_core.loading.gguf_model import GGUFSource
 from specdec_core.loading.model_errors import ModelLoadError
 from specdec_core.loading.progress_log import bars_enabled, phase

@@ -39,11 +39,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec_core.execution.gguf_file import GGUFFile, read_gguf
-from specdec_core.execution.gguf_kernels import SUPPORTED_TYPES
 from specdec_core.execution.gguf_linear import BlockWeight, executable
-from specdec_core.execution.gguf_weights import BLOCKS_ATTRIBUTE, unpermute_rows
+from specdec_core.execution.gguf_weights import BLOCKS_ATTRIBUTE
 from specdec_core.execution.hf_types import HFModule
+from specdec_core.kernels.c_library import SUPPORTED_TYPES
+from specdec_core.loading.converted_blocks import unpermute_rows
+from specdec_core.loading.gguf_file import GGUFFile, read_gguf
 from specdec_core.loading.model_errors import ModelLoadError
 
 logger = logging.getLogger(__name__)

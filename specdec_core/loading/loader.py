@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 import specdec_core.loading.default_models as default_models
 from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.hf_types import HFModule
+from specdec_core.loading.converted_blocks import RECORD, offer_file_blocks
 from specdec_core.loading.gguf_model import GGUFSource, dequantize_blocks, load_gguf_model, readable
 from specdec_core.loading.model_errors import ModelLoadError
 from specdec_core.loading.progress_log import phase
@@ -103,6 +104,7 @@ def load_model(
         model.to(dev)
         model.eval()
         model.requires_grad_(False)
+    offer_file_blocks(model, path)
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, path=path)
 
 
@@ -235,10 +237,10 @@ def _write_hf_dir(gguf: GGUFSource, out: Path) -> None:
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.metadata_file.parent), gguf_file=gguf.metadata_file.name)
     tokenizer.save_pretrained(out)
     provenance: dict[str, Any] = {"transformers": transformers.__version__, "identity": gguf.identity}
-    if not gguf.split:  # a file the kernels can read their blocks from again (``gguf_weights.gguf_source``)
+    if not gguf.split:  # a file the kernels can read their blocks from again (``converted_blocks.gguf_source``)
         stat = gguf.parts[0].stat()
         provenance.update(source=str(gguf.parts[0]), size=stat.st_size, mtime_ns=stat.st_mtime_ns)
-    (out / "specdec_conversion.json").write_text(json.dumps(provenance, indent=1))
+    (out / RECORD).write_text(json.dumps(provenance, indent=1))
 
 
 def _save_weights(model: HFModule, out: Path) -> None:

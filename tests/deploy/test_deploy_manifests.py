@@ -12,7 +12,7 @@ import yaml
 from server.cli import GRACE_ENV, _subparser, build_parser, env_name
 from server.prometheus import ServerMetrics
 from server.routes import routes
-from specdec_core.execution.cache_paths import CACHE_DIR_ENV
+from specdec_core.kernels.cache_paths import CACHE_DIR_ENV
 from tests.helpers.servers import FakeEngine
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "specdec.yaml"

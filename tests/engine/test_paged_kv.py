@@ -8,8 +8,8 @@ import random
 import pytest
 
 from specdec_core import Engine, EngineConfig, SamplingParams
+from specdec_core.engine.block_pool import BlockPool
 from specdec_core.engine.kv_sizing import parse_size
-from specdec_core.execution.block_pool import BlockPool
 from specdec_core.execution.kv_cache import contiguous_base, token_rows
 from tests.helpers.engine_runs import logprob_values, run_to_end
 from tests.helpers.models import load

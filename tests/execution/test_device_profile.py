@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_core.execution import gguf_kernels
 from specdec_core.execution.device_profile import DeviceProfile, ProfileError, resolve_device, resolve_dtype, resolve_kernels
+from specdec_core.kernels import c_library
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -29,7 +29,7 @@ def test_kernels_are_the_block_kernels_on_the_cpu_and_quantized_ones_refused_els
     """Any model on the CPU in fp32 gets the block kernels where they are vectorized (Q8_0 made at
     load for a model not from a GGUF file: per-row int8 garbles small models), per-row int8 where
     they are not; the model's own dtype everywhere else."""
-    expected = "gguf" if gguf_kernels.vectorized() else "int8"
+    expected = "gguf" if c_library.vectorized() else "int8"
     assert resolve_kernels("auto", CPU, torch.float32) == expected
     assert resolve_kernels("auto", CUDA, torch.bfloat16) == "none"
     assert resolve_kernels("auto", CPU, torch.bfloat16) == "none"
@@ -47,7 +47,7 @@ def test_kernels_are_the_block_kernels_on_the_cpu_and_quantized_ones_refused_els
 def test_the_cpu_profile_keeps_rows_alone_and_refuses_graphs_without_packed_attention() -> None:
     cpu = DeviceProfile.decide("cpu", "auto", "auto")
     assert (cpu.attention, cpu.decode_graphs, cpu.capture_graphs, cpu.cuda) == ("segments", False, False, False)
-    assert cpu.row_kernels == gguf_kernels.vectorized()
+    assert cpu.row_kernels == c_library.vectorized()
     assert cpu.row_attention(64) == cpu.row_kernels and not cpu.row_attention(1024)
     bf16 = DeviceProfile.decide("cpu", "bfloat16", "auto")
     assert bf16.kernels == "none" and not bf16.row_kernels and not bf16.row_attention(64)

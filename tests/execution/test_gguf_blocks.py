@@ -1,4 +1,4 @@
-"""The GGUF block kernels (``specdec_core/execution/csrc``, ``gguf_linear``) against the ``gguf`` package.
+"""The GGUF block kernels (``specdec_core/kernels/csrc``, ``gguf_linear``) against the ``gguf`` package.
 
 1. the product equals, within float32 accumulation rounding, the exact (float64) product of the
    ``gguf`` package's own dequantization of the blocks and the activations quantized per row to
@@ -21,10 +21,10 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from specdec_core.execution import gguf_kernels
 from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
 from specdec_core.execution.linear_kernels import RowInt8Linear, prepare_linear
 from specdec_core.execution.q8_0_blocks import quantize_q8_0
+from specdec_core.kernels import c_library
 from tests.helpers.gguf_blocks import blocks_for, use_kernel_set
 
 T = GGMLQuantizationType
@@ -32,16 +32,16 @@ FORMATS = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
 # (format, activation bits): every file format with 8-bit activations, and Q8_0 made at load with 16
 KERNELS = [(t, 8) for t in FORMATS] + [(T.Q8_0, 16)]
 KERNEL_IDS = [f"{t.name}x{bits}" for t, bits in KERNELS]
-IMPLS = list(gguf_kernels.KERNEL_SETS)  # every set, each bit for bit against the dequantized product
+IMPLS = list(c_library.KERNEL_SETS)  # every set, each bit for bit against the dequantized product
 VECTOR_SETS = [s for s in IMPLS if s != "portable"]  # the sets that repack (one layout for all of them)
 REPACKED = [(t, 8) for t in (T.Q4_K, T.Q6_K, T.Q4_0, T.Q5_0, T.Q8_0)] + [(T.Q8_0, 16)]
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _kernels():
-    gguf_kernels.library()
+    c_library.library()
     yield
-    gguf_kernels.select_kernels("auto")
+    c_library.select_kernels("auto")
 
 
 def quantize_rows(x: np.ndarray, block: int, bits: int = 8) -> np.ndarray:
@@ -66,8 +66,8 @@ def activations(rows: int, cols: int, seed: int) -> torch.Tensor:
 
 def run(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tensor, threads: int = 2, bits: int = 8) -> torch.Tensor:
     out = torch.empty(x.shape[0], blocks.shape[0])
-    code = int(qtype) | (gguf_kernels.ACT16 if bits == 16 else 0)
-    gguf_kernels.gemm(code, torch.from_numpy(np.ascontiguousarray(blocks)), x, out, threads)
+    code = int(qtype) | (c_library.ACT16 if bits == 16 else 0)
+    c_library.gemm(code, torch.from_numpy(np.ascontiguousarray(blocks)), x, out, threads)
     return out
 
 
@@ -126,30 +126,30 @@ def test_torchs_openmp_team_and_our_own_pool_compute_the_same_bits():
     """The kernels run on the OpenMP team torch uses (found among the loaded libraries: torch
     loads one here), or on a pool of ours; with 1-3 threads and either pool, every output is the
     same bits (each part computes the same outputs with the same code)."""
-    assert gguf_kernels.thread_pool() == "openmp"
+    assert c_library.thread_pool() == "openmp"
     n, k = 45, 512
     blocks = torch.from_numpy(blocks_for(T.Q4_K, n, k, seed=5))
     x = activations(7, k, seed=6)
     reference = torch.empty(7, n)
-    gguf_kernels.gemm(int(T.Q4_K), blocks, x, reference, threads=1)
+    c_library.gemm(int(T.Q4_K), blocks, x, reference, threads=1)
     try:
         for own in (False, True):
-            assert gguf_kernels.thread_pool(own=own) == ("own" if own else "openmp")
+            assert c_library.thread_pool(own=own) == ("own" if own else "openmp")
             for threads in (2, 3):
                 out = torch.empty(7, n)
-                gguf_kernels.gemm(int(T.Q4_K), blocks, x, out, threads=threads)
+                c_library.gemm(int(T.Q4_K), blocks, x, out, threads=threads)
                 assert torch.equal(out, reference), (own, threads)
     finally:
-        gguf_kernels.thread_pool(own=False)
+        c_library.thread_pool(own=False)
 
 
 def run_repacked(qtype: GGMLQuantizationType, blocks: np.ndarray, x: torch.Tensor, threads: int = 2, bits: int = 8
                  ) -> torch.Tensor:
-    kind = int(qtype) | (gguf_kernels.ACT16 if bits == 16 else 0)
-    packed = gguf_kernels.repack(kind, torch.from_numpy(np.ascontiguousarray(blocks)), x.shape[1])
+    kind = int(qtype) | (c_library.ACT16 if bits == 16 else 0)
+    packed = c_library.repack(kind, torch.from_numpy(np.ascontiguousarray(blocks)), x.shape[1])
     assert packed is not None
     out = torch.empty(x.shape[0], blocks.shape[0])
-    gguf_kernels.gemm(packed[0], packed[1], x, out, threads)
+    c_library.gemm(packed[0], packed[1], x, out, threads)
     return out
 
 
@@ -174,19 +174,19 @@ def test_repacked_equals_dequantized_product_and_is_row_invariant(qtype, bits, i
     threads = torch.get_num_threads()  # the repacking splits its groups of 8 rows over threads
     try:
         torch.set_num_threads(1)
-        alone = gguf_kernels.repack(int(qtype), torch.from_numpy(blocks), k)
+        alone = c_library.repack(int(qtype), torch.from_numpy(blocks), k)
     finally:
         torch.set_num_threads(threads)
     torch.set_num_threads(2)
     try:
-        assert torch.equal(gguf_kernels.repack(int(qtype), torch.from_numpy(blocks), k)[1], alone[1])
+        assert torch.equal(c_library.repack(int(qtype), torch.from_numpy(blocks), k)[1], alone[1])
     finally:
         torch.set_num_threads(threads)
-    gguf_kernels.select_kernels("portable")  # a repacked weight is refused by the portable kernels
+    c_library.select_kernels("portable")  # a repacked weight is refused by the portable kernels
     with pytest.raises(ValueError):
-        gguf_kernels.gemm(int(T.Q4_K) | 0x100, torch.zeros(1184, dtype=torch.uint8), x[:1], torch.empty(1, 8))
-    assert gguf_kernels.repack(int(qtype), torch.from_numpy(blocks), k) is None
-    gguf_kernels.select_kernels("auto")
+        c_library.gemm(int(T.Q4_K) | 0x100, torch.zeros(1184, dtype=torch.uint8), x[:1], torch.empty(1, 8))
+    assert c_library.repack(int(qtype), torch.from_numpy(blocks), k) is None
+    c_library.select_kernels("auto")
 
 
 @pytest.mark.parametrize("qtype, bits", KERNELS, ids=KERNEL_IDS)
@@ -197,9 +197,9 @@ def test_the_vector_sets_give_every_output_the_same_bits(qtype, bits):
     its tile products (csrc/gguf_amx.c, from 11 rows, 16 a tile) sum the same integers and apply
     the same float steps. So a layer prepared once gives the same bits on every set, for 1..33
     rows, on 1 and 2 threads (a lone group; the last group of 5 columns paired with the one before it)."""
-    sets = [name for name in gguf_kernels.runnable_kernels() if name != "portable"]
+    sets = [name for name in c_library.runnable_kernels() if name != "portable"]
     if len(sets) < 2:
-        pytest.skip(f"this CPU runs one vector set (it has: {' '.join(gguf_kernels.cpu_features())})")
+        pytest.skip(f"this CPU runs one vector set (it has: {' '.join(c_library.cpu_features())})")
     n, k, counts = 45, 768, (1, 2, 3, 5, 7, 8, 9, 16, 17, 33)
     layer = GGUFLinear([BlockWeight(int(qtype), torch.from_numpy(blocks_for(qtype, n, k, seed=21)), k, bits)], None)
     x = activations(max(counts), k, seed=22)
@@ -207,13 +207,13 @@ def test_the_vector_sets_give_every_output_the_same_bits(qtype, bits):
     outputs = {}
     try:
         for name in sets:
-            gguf_kernels.select_kernels(name)
+            c_library.select_kernels(name)
             for t in (1, 2):
                 torch.set_num_threads(t)
                 outputs[name, t] = [layer(x[:m]) for m in counts]
     finally:
         torch.set_num_threads(threads)
-        gguf_kernels.select_kernels("auto")
+        c_library.select_kernels("auto")
     for (name, t), got in outputs.items():
         for m, a, b in zip(counts, outputs[sets[-1], 2], got, strict=True):
             assert torch.equal(a, b), (name, t, m, (a != b).nonzero()[:5].tolist())
@@ -224,7 +224,7 @@ def test_avx2_and_portable_activation_quantizers_make_the_same_bytes(k_quant):
     """Every GEMM quantizes its rows first; the AVX2 quantizer must be the portable one, bit for
     bit, also on the edges: ties at .5, all-zero blocks, an outlier, NaN and inf, subnormal and
     near-overflow scales."""
-    if gguf_kernels.select_kernels("auto") == "portable":
+    if c_library.select_kernels("auto") == "portable":
         pytest.skip("no AVX2 quantizer on this CPU")  # every vector set quantizes with it
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(9, 1024, generator=gen) * torch.logspace(-38, 38, 9).unsqueeze(1).clamp(max=3e38)
@@ -235,13 +235,13 @@ def test_avx2_and_portable_activation_quantizers_make_the_same_bytes(k_quant):
     x[5, 300] = float("inf")
     x[6, 500] = -float("inf")
     x[7] = torch.randn(1024, generator=gen) * 1e-42  # subnormal
-    portable = (gguf_kernels.select_kernels("portable"), gguf_kernels.quantize_activations(x, k_quant))[1]
-    native = (gguf_kernels.select_kernels("auto"), gguf_kernels.quantize_activations(x, k_quant))[1]
+    portable = (c_library.select_kernels("portable"), c_library.quantize_activations(x, k_quant))[1]
+    native = (c_library.select_kernels("auto"), c_library.quantize_activations(x, k_quant))[1]
     assert torch.equal(native, portable), (native != portable).nonzero()[:5].tolist()
 
 
 def test_fused_mixed_formats_equal_parts_and_row_subset():
-    gguf_kernels.select_kernels("auto")
+    c_library.select_kernels("auto")
     k = 512
     q = BlockWeight(int(T.Q4_K), torch.from_numpy(blocks_for(T.Q4_K, 24, k, 3)), k)
     kk = BlockWeight(int(T.Q4_K), torch.from_numpy(blocks_for(T.Q4_K, 8, k, 4)), k)
@@ -288,14 +288,14 @@ def test_unsupported_format_or_length_refused():
         GGUFLinear([BlockWeight(int(T.Q4_0), torch.zeros(4, 18, dtype=torch.uint8), 32, activation_bits=16)], None)
     out = torch.empty(1, 4)
     with pytest.raises(ValueError):
-        gguf_kernels.gemm(int(T.Q4_0) | gguf_kernels.ACT16, torch.zeros(4, 18, dtype=torch.uint8), torch.ones(1, 32), out)
+        c_library.gemm(int(T.Q4_0) | c_library.ACT16, torch.zeros(4, 18, dtype=torch.uint8), torch.ones(1, 32), out)
 
 
 def test_the_extension_built_at_install_is_the_sources_the_module_would_compile():
-    """setup.py and ``gguf_kernels`` each read csrc/'s file list (setup.py cannot import torch):
-    a library built at install from other files or in another order would report another hash,
+    """setup.py and ``c_library`` read one build definition (``kernels/build_definition``): a
+    library built at install from other files or in another order would report another hash,
     and every start would compile the kernels afresh into the cache instead of loading it."""
-    installed = gguf_kernels._installed_extension()
+    installed = c_library._installed_extension()
     if installed is None:
         pytest.skip("the optional extension was not built at install (no C compiler then)")
-    assert gguf_kernels._built_from(ctypes.CDLL(str(installed))) == gguf_kernels.sources_hash()
+    assert c_library._built_from(ctypes.CDLL(str(installed))) == c_library.sources_hash()

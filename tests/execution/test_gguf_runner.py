@@ -27,8 +27,9 @@ from gguf import GGMLQuantizationType, quants
 from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.forward_plan import ForwardItem
 from specdec_core.execution.gguf_linear import BlockWeight, GGUFLinear
-from specdec_core.execution.gguf_weights import ATTRIBUTE, detach_block_weights, gguf_source, read_block_weights
+from specdec_core.execution.gguf_weights import ATTRIBUTE, detach_block_weights
 from specdec_core.execution.model_runner import ModelRunner
+from specdec_core.loading.converted_blocks import gguf_source, read_block_weights
 from specdec_core.loading.loader import convert_gguf
 from tests.helpers.gguf_blocks import blocks_for
 from tests.helpers.models import load

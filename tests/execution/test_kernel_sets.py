@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_core.execution import gguf_kernels
 from specdec_core.execution.device_profile import DeviceProfile, ProfileError
+from specdec_core.kernels import c_library
 
-pytestmark = pytest.mark.skipif(not gguf_kernels.available(), reason="the C kernels are not built here")
+pytestmark = pytest.mark.skipif(not c_library.available(), reason="the C kernels are not built here")
 
 
 def _cpuinfo_flags() -> set[str]:
@@ -29,14 +29,14 @@ def _cpuinfo_flags() -> set[str]:
 @pytest.fixture(autouse=True)
 def _back_to_auto():
     yield
-    gguf_kernels.select_kernels("auto")
+    c_library.select_kernels("auto")
 
 
 def test_cpu_features_agree_with_what_the_kernel_reports():
     """Linux lists a feature in /proc/cpuinfo only when the CPU has it and the OS saves its state,
     which is what ``sd_cpu_features`` checks itself; AMX also needs this process's permission."""
     flags = _cpuinfo_flags()
-    features = gguf_kernels.cpu_features()
+    features = c_library.cpu_features()
     assert ("avx2" in features) == ({"avx2", "fma", "f16c"} <= flags)
     assert ("avx512" in features) == ({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags)
     assert ("avx512-vnni" in features) == ("avx512" in features and "avx512_vnni" in flags)
@@ -44,19 +44,19 @@ def test_cpu_features_agree_with_what_the_kernel_reports():
 
 
 def test_auto_takes_the_best_set_this_cpu_runs_and_portable_is_always_there():
-    features = gguf_kernels.cpu_features()
+    features = c_library.cpu_features()
     best = next((s for s in ("avx512-vnni", "avx2") if s in features), "portable")
     if best == "avx512-vnni" and "amx-int8" in features:  # the AMX set needs the VNNI one beneath it
         best = "amx-int8"
-    assert gguf_kernels.select_kernels("auto") == best == gguf_kernels.active_kernels()
-    assert gguf_kernels.runnable_kernels() == list(gguf_kernels.KERNEL_SETS[gguf_kernels.KERNEL_SETS.index(best):])
+    assert c_library.select_kernels("auto") == best == c_library.active_kernels()
+    assert c_library.runnable_kernels() == list(c_library.KERNEL_SETS[c_library.KERNEL_SETS.index(best):])
     if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
         assert best in ("avx2", "avx512-vnni", "amx-int8")
-    for name in gguf_kernels.runnable_kernels():  # each set the CPU runs can be chosen, and reports itself
-        assert gguf_kernels.select_kernels(name) == name == gguf_kernels.active_kernels()
-    assert gguf_kernels.select_kernels("portable") == "portable" == gguf_kernels.active_kernels()
-    assert not gguf_kernels.vectorized()  # so --quantize auto would not pick the portable kernels
-    assert gguf_kernels.select_kernels("auto") == best
+    for name in c_library.runnable_kernels():  # each set the CPU runs can be chosen, and reports itself
+        assert c_library.select_kernels(name) == name == c_library.active_kernels()
+    assert c_library.select_kernels("portable") == "portable" == c_library.active_kernels()
+    assert not c_library.vectorized()  # so --quantize auto would not pick the portable kernels
+    assert c_library.select_kernels("auto") == best
 
 
 @pytest.mark.parametrize("name, says", [("avx512", "no kernels for it yet"), ("sse2", "not a kernel set"),
@@ -64,29 +64,29 @@ def test_auto_takes_the_best_set_this_cpu_runs_and_portable_is_always_there():
 def test_a_set_that_cannot_run_is_refused_by_name(name, says):
     """A feature without kernels of its own, or a name that is no set, is refused; so is a set this
     CPU lacks (each set needs the ones below it: AVX-512 VNNI's tiles take AVX2's for the rest)."""
-    active = gguf_kernels.active_kernels()
+    active = c_library.active_kernels()
     with pytest.raises(ValueError, match=says) as refused:
-        gguf_kernels.select_kernels(name)
+        c_library.select_kernels(name)
     assert "SPECDEC_KERNELS" in str(refused.value) and "auto" in str(refused.value)
-    assert gguf_kernels.active_kernels() == active  # a refusal changes nothing
-    for lacking in set(gguf_kernels.KERNEL_SETS) - set(gguf_kernels.runnable_kernels()):
+    assert c_library.active_kernels() == active  # a refusal changes nothing
+    for lacking in set(c_library.KERNEL_SETS) - set(c_library.runnable_kernels()):
         with pytest.raises(ValueError, match="this CPU lacks them"):
-            gguf_kernels.select_kernels(lacking)
+            c_library.select_kernels(lacking)
 
 
 def test_the_environment_picks_the_set_for_the_process_and_the_start_up_line_names_it():
     """``SPECDEC_KERNELS`` is read when the library loads (a fresh process); the device profile's
     line, which the engine logs at start-up, names the set and the CPU's features."""
-    code = ("from specdec_core.execution import gguf_kernels\n"
+    code = ("from specdec_core.kernels import c_library\n"
             "from specdec_core.execution.device_profile import DeviceProfile\n"
-            "print(gguf_kernels.active_kernels()); print(DeviceProfile.decide('cpu', 'float32', 'auto').describe())\n"
-            "try:\n    gguf_kernels.select_kernels('bogus')\nexcept ValueError as exc:\n    print(exc)\n")
+            "print(c_library.active_kernels()); print(DeviceProfile.decide('cpu', 'float32', 'auto').describe())\n"
+            "try:\n    c_library.select_kernels('bogus')\nexcept ValueError as exc:\n    print(exc)\n")
     env = {**os.environ, "SPECDEC_KERNELS": "portable"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     active, line, refusal = done.stdout.splitlines()[-3:]
     assert active == "portable"
-    assert "kernels portable" in line and f"CPU: {' '.join(gguf_kernels.cpu_features())}" in line
+    assert "kernels portable" in line and f"CPU: {' '.join(c_library.cpu_features())}" in line
     assert "linear kernels int8" in line  # the portable block kernels are not faster than int8, so --quantize auto skips them
     assert "'bogus'" in refusal
 
@@ -95,10 +95,10 @@ def test_the_engine_flag_selects_the_set_before_the_linear_kernels_are_chosen():
     """``--kernels`` (``EngineConfig.kernels``) reaches ``DeviceProfile.decide``, which picks the set
     first: on the portable set ``--quantize auto`` takes int8. ``auto`` leaves the process's set alone."""
     profile = DeviceProfile.decide("cpu", "float32", "auto", kernel_set="portable")
-    assert gguf_kernels.active_kernels() == "portable" and profile.kernels == "int8" and not profile.row_kernels
+    assert c_library.active_kernels() == "portable" and profile.kernels == "int8" and not profile.row_kernels
     assert DeviceProfile.decide("cpu", "float32", "auto").kernels == "int8"  # still portable
     with pytest.raises(ProfileError, match="no kernels for it yet"):
         DeviceProfile.decide("cpu", "float32", "auto", kernel_set="avx512")
-    for name in gguf_kernels.runnable_kernels()[:-1]:  # every vectorized set: --quantize auto takes gguf
+    for name in c_library.runnable_kernels()[:-1]:  # every vectorized set: --quantize auto takes gguf
         assert DeviceProfile.decide("cpu", "float32", "auto", kernel_set=name).kernels == "gguf"
-        assert gguf_kernels.active_kernels() == name
+        assert c_library.active_kernels() == name

@@ -8,10 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec_core.execution import gguf_kernels, row_kernels
+from specdec_core.execution import row_kernels
 from specdec_core.execution.attention import RowAttention, Segment, attend_rows, attend_segments, split_single_rows
 from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.native_decoder import _rope
+from specdec_core.kernels import c_library
 from tests.helpers.gguf_blocks import use_kernel_set
 from tests.helpers.models import load
 from tests.helpers.runners import slot_runner
@@ -20,12 +21,12 @@ pytestmark = pytest.mark.skipif(not DeviceProfile.decide("cpu", "float32", "none
                                 reason="the row kernels run where the C kernels are built with AVX2")
 
 
-@pytest.fixture(params=gguf_kernels.KERNEL_SETS)
+@pytest.fixture(params=c_library.KERNEL_SETS)
 def impl(request):
     """Every kernel set this CPU runs: the portable one is what a CPU without AVX2 would run."""
     use_kernel_set(request.param)
     yield request.param
-    gguf_kernels.select_kernels("auto")
+    c_library.select_kernels("auto")
 
 
 def test_rms_norm_matches_torch_and_rows_do_not_depend_on_the_batch(impl):
@@ -149,13 +150,13 @@ def test_row_attention_rows_of_one_request_get_the_bits_of_one_row_alone(impl, h
 def test_row_attention_vector_sets_agree_bit_for_bit():
     """The AVX-512 path computes each key's two 8-lane halves in one register: the same bits as
     the AVX2 path, so a host's kernel set does not change a row's logits."""
-    sets = [s for s in gguf_kernels.runnable_kernels() if s != "portable"]
+    sets = [s for s in c_library.runnable_kernels() if s != "portable"]
     if len(sets) < 2:
         pytest.skip(f"this CPU runs one vector kernel set ({sets})")
     results = []
     try:
         for name in sets:
-            gguf_kernels.select_kernels(name)
+            c_library.select_kernels(name)
             got = []
             for heads, kv_heads, head_dim in [(12, 2, 128), (14, 2, 64), (24, 2, 32), (16, 2, 96)]:
                 q, keys, values, rows = _request_rows(torch.Generator().manual_seed(heads + head_dim), heads, kv_heads,
@@ -165,7 +166,7 @@ def test_row_attention_vector_sets_agree_bit_for_bit():
                 got.append(out)
             results.append(got)
     finally:
-        gguf_kernels.select_kernels("auto")
+        c_library.select_kernels("auto")
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(results[0], other))
 

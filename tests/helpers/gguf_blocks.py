@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
 
-from specdec_core.execution import gguf_kernels
+from specdec_core.kernels import c_library
 
 T = GGMLQuantizationType
 K_QUANTS = {T.Q4_K, T.Q5_K, T.Q6_K}
@@ -32,7 +32,7 @@ def blocks_for(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int, sca
 
 def use_kernel_set(name: str) -> None:
     """Run the C kernel set ``name`` in this process; a set this CPU lacks skips the test, saying
-    what the CPU has (tests parametrized over ``gguf_kernels.KERNEL_SETS``)."""
-    if name not in gguf_kernels.runnable_kernels():
-        pytest.skip(f"this CPU does not run the {name} kernels (it has: {' '.join(gguf_kernels.cpu_features()) or 'none'})")
-    gguf_kernels.select_kernels(name)
+    what the CPU has (tests parametrized over ``c_library.KERNEL_SETS``)."""
+    if name not in c_library.runnable_kernels():
+        pytest.skip(f"this CPU does not run the {name} kernels (it has: {' '.join(c_library.cpu_features()) or 'none'})")
+    c_library.select_kernels(name)

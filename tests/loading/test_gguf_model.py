@@ -16,8 +16,8 @@ import torch
 
 from specdec_core.execution.device_profile import DeviceProfile
 from specdec_core.execution.forward_plan import ForwardItem
-from specdec_core.execution.gguf_file import read_gguf
 from specdec_core.execution.gguf_linear import GGUFLinear
+from specdec_core.loading.gguf_file import read_gguf
 from specdec_core.loading.loader import load_model
 from tests.helpers.gguf_writer import write_phi3_gguf
 from tests.helpers.models import load

@@ -60,11 +60,11 @@ def test_costs_belong_to_the_kernel_build_that_timed_them(pair, tmp_path: Path, 
     """A new build of the C kernels can change a step's cost 2x (their thread pool did), so its
     costs are timed anew rather than read from another build's file: in gguf (the block layers)
     and in every CPU float32 mode (the row-wise ops and one-row attention)."""
-    from specdec_core.execution import gguf_kernels
+    from specdec_core.kernels import c_library
 
     first, _ = start(pair, tmp_path, caplog, quantize=quantize)
-    assert first.step_costs.cache is not None and gguf_kernels.build() == first.step_costs.cache.key["kernels"]
-    monkeypatch.setattr(gguf_kernels, "build", lambda: "another-build")
+    assert first.step_costs.cache is not None and c_library.build() == first.step_costs.cache.key["kernels"]
+    monkeypatch.setattr(c_library, "build", lambda: "another-build")
     rebuilt, logged = start(pair, tmp_path, caplog, quantize=quantize)
     assert "step costs measured" in logged and rebuilt.step_costs.cache is not None
     assert rebuilt.step_costs.cache.path != first.step_costs.cache.path

@@ -1,7 +1,7 @@
-"""Where specdec keeps what it builds or converts on disk: the compiled kernels, converted GGUF
-weights, the default pair's checked headers. In execution/, the lowest package, because the kernel
-loader (``gguf_kernels``) needs it and may import nothing above it; the engine's config takes
-its default from here."""
+"""Where specdec keeps what it builds or converts on disk: the compiled C library, converted GGUF
+weights, the default pair's checked headers. In kernels/, the lowest package, because the C
+library's loader (``c_library``, which compiles into it on first use) needs it and may import
+nothing above it; the engine's config takes its default from here."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""The C kernels that multiply activations by a GGUF file's own quantized blocks (``csrc/``).
+"""specdec's C library (``csrc/``), bound through ctypes: the kernels that multiply activations by
+a GGUF file's own quantized blocks, and the row operations (RMS norm, RoPE, gated products),
+row attention and one-call decoder stack that run beside them on a CPU (``execution/row_kernels``,
+``attention``, ``row_layers``).
 
-Why our own: torch has no fast low-bit CPU kernel on AVX2 (``_weight_int4pack_mm_for_cpu`` is
+Why our own block kernels: torch has no fast low-bit CPU kernel on AVX2 (``_weight_int4pack_mm_for_cpu`` is
 compute-bound at ~7 GB/s on the AVX2 development machine, a fifth of its memory bandwidth),
 and the GGUF blocks are what the user
 downloaded. The kernel quantizes each activation row to 8 bits on its own, one scale per 32
@@ -13,14 +16,13 @@ most of what those blocks lost against fp32.
 
 The library is built at install (``setup.py``, an optional extension: an install without a C
 compiler still succeeds) or, failing that, compiled on first use with ``cc`` into the cache
-directory. ``available()`` says whether either worked; ``library()`` raises a ``RuntimeError``
-that names what is missing otherwise.
+directory; both builds read ``build_definition``. ``available()`` says whether either worked;
+``library()`` raises a ``RuntimeError`` that names what is missing otherwise.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -31,13 +33,7 @@ from pathlib import Path
 
 import torch
 
-CSRC = Path(__file__).with_name("csrc")
-# Every C file of csrc/ but the Python module wrapper that only setup.py's extension needs, and every
-# header: the folder is the list (setup.py reads it the same way, and both hash it in this order).
-PY_MODULE = "gguf_module.c"
-SOURCES = tuple(sorted(p.name for p in CSRC.glob("*.c") if p.name != PY_MODULE))
-HEADERS = tuple(sorted(p.name for p in CSRC.glob("*.h")))
-CFLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-shared", "-pthread")
+from specdec_core.kernels.build_definition import CSRC, EXTENSION, compile_command, sources_hash
 
 # GGML type ids (``gguf.GGMLQuantizationType``) the kernels execute.
 SUPPORTED_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
@@ -59,14 +55,6 @@ _CPU_FEATURES = {1: "avx2", 2: "avx512", 4: "avx512-vnni", 8: "amx-int8"}
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _error: str | None = None
-
-
-def sources_hash() -> str:
-    """sha256 of the kernel sources (``setup.py`` computes the same and compiles it in)."""
-    digest = hashlib.sha256()
-    for name in SOURCES + HEADERS:
-        digest.update((CSRC / name).read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -123,7 +111,7 @@ def _built_from(lib: ctypes.CDLL) -> str:
 def _installed_extension() -> Path | None:
     """The shared library ``setup.py`` built at install, if it did."""
     try:
-        spec = importlib.util.find_spec("specdec_core.execution._gguf_kernels")
+        spec = importlib.util.find_spec(EXTENSION)
     except (ImportError, ValueError):
         return None
     return Path(spec.origin) if spec is not None and spec.origin else None
@@ -131,7 +119,7 @@ def _installed_extension() -> Path | None:
 
 def _compile_into_cache() -> Path:
     """Compile the sources with the system C compiler into the cache, keyed by their content."""
-    from specdec_core.execution.cache_paths import default_cache_dir
+    from specdec_core.kernels.cache_paths import default_cache_dir
 
     digest = sources_hash()
     out_dir = default_cache_dir() / "kernels"
@@ -145,8 +133,7 @@ def _compile_into_cache() -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         partial = Path(tmp) / target.name
-        cmd = [compiler, *CFLAGS, f'-DSD_SOURCES_HASH="{digest}"', "-o", str(partial),
-               *(str(CSRC / s) for s in SOURCES), "-lm", "-ldl"]
+        cmd = compile_command(compiler, partial, digest)
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"compiling the GGUF block kernels failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}")
@@ -201,7 +188,7 @@ def available() -> bool:
 
 
 def build() -> str:
-    """The source hash the loaded kernels were compiled from: step costs timed with one build are
+    """The source hash the loaded library was compiled from: step costs timed with one build are
     not kept for another (``engine/startup_costs.py``)."""
     return _built_from(library())
 
@@ -329,7 +316,7 @@ def gemm(ggml_type: int, blocks: torch.Tensor, x: torch.Tensor, out: torch.Tenso
 
 
 def block_linear(desc: int, x: int, m: int, x_stride: int, out: int) -> None:
-    """Run a ``gguf_linear.BlockCalls`` at address ``desc`` on ``m`` float32 rows at ``x``
+    """Run an ``execution/gguf_linear.BlockCalls`` at address ``desc`` on ``m`` float32 rows at ``x``
     (``x_stride`` floats apart) into the contiguous ``[m, out_features]`` at ``out``: one C call
     for a layer's kernel calls and bias (``GGUFLinear`` makes ~100 a decode step on the per-op
     path, so its tensors are checked once, when prepared)."""
