@@ -5,8 +5,9 @@ length up front: a request that cannot fit in ``max_model_len`` is refused with 
 "maximum context length" 400 instead of failing later inside the engine.
 
 Tokenizing and rendering a chat template take time that grows with the prompt, so the routes run
-``tokenize_prompts`` and ``render_chat`` off the event loop (``asyncio.to_thread``); the
-tokenizer releases the GIL while it encodes. Prompt sizes are bounded before this
+them off the event loop: ``tokenize_prompts`` on the default pool (``asyncio.to_thread``; the
+tokenizer releases the GIL while it encodes), ``render_chat`` in the template pool, under a time
+and output budget (a template is code from a model file: ``server.services.template_pool``). Prompt sizes are bounded before this
 (``--max-prompt-chars``, see ``server.api.limits``).
 """
 
