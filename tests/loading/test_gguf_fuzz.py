@@ -12,7 +12,7 @@ the file cut short. A valid parse must also read every tensor it names from insi
 
 Reproducible and machine-independent: derandomized (the same examples on every run), no example
 database, no deadline; the allocation bound is tracemalloc's peak, which does not depend on the
-machine. 1,000 examples, about 3 s on the 2-core dev machine.
+machine. 1,000 examples: 3-5 s on the shared 2-core dev machine.
 """
 
 from __future__ import annotations
