@@ -24,8 +24,12 @@ from server.routes import routes
 from server.services.engine_host import EngineFactory, EngineHost, load_engine
 from server.settings import ServerSettings
 from server.state import Phase, ServerState
+from specdec_core.engine.model_files import ModelFileError
 
 log = structlog.get_logger("specdec.server")
+# The exit status of a server whose model file is malformed (``specdec serve`` exits with it before
+# its port opens when the header is what is wrong: ``server.cli``)
+MODEL_FILE_EXIT = 2
 # Response headers a cross-origin page may read besides the CORS-safelisted ones.
 CORS_EXPOSED_HEADERS = ["x-request-id", "retry-after"]
 
@@ -102,9 +106,12 @@ async def _load_engine(state: ServerState, host: EngineHost, on_fatal: Callable[
     except Exception as exc:
         state.phase = Phase.FAILED
         state.load_error = f"{type(exc).__name__}: {exc}"
-        log.exception("engine failed to load")
+        if isinstance(exc, ModelFileError):  # the user's file, not our fault: one line (it names the field), exit 2
+            log.error("engine failed to load: the model file is malformed", error=str(exc))
+        else:
+            log.exception("engine failed to load")
         if on_fatal is not None:
-            on_fatal(1)
+            on_fatal(MODEL_FILE_EXIT if isinstance(exc, ModelFileError) else 1)
         return
     if state.phase is not Phase.LOADING:  # shutdown began while loading; lifespan exit stops it
         return

@@ -196,6 +196,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point (``specdec``). Returns the process exit status."""
     args = parse_serve_args(sys.argv[1:] if argv is None else argv)
     settings = settings_from_args(args)
+    from server.app import MODEL_FILE_EXIT
+    from specdec_core.engine.model_files import ModelFileError, check_model_files
+
+    try:  # before the port opens: a malformed file is one line and this exit status, never a 503 meanwhile
+        check_model_files(settings.engine)
+    except ModelFileError as exc:
+        print(f"specdec {args.command}: error: {exc}", file=sys.stderr)
+        return MODEL_FILE_EXIT
     if args.command == "serve-ray":
         try:
             import ray  # noqa: F401 - only to say clearly what is missing

@@ -33,8 +33,26 @@ def attach_block_weights(model: torch.nn.Module) -> int:
         reader = getattr(model, BLOCK_READER_ATTRIBUTE, None)
         weights = reader(model) if reader is not None else {}
     for name, weight in weights.items():
-        setattr(model.get_submodule(name), ATTRIBUTE, weight)
+        module = model.get_submodule(name)
+        _check_dimensions(name, module, weight)
+        setattr(module, ATTRIBUTE, weight)
     return len(weights)
+
+
+def _check_dimensions(name: str, module: torch.nn.Module, weight: BlockWeight) -> None:
+    """Refuse blocks whose dimensions are not the module's: the kernels take a weight's row length
+    from its blocks and read that many activations, so a wrong one would read past them. Loading
+    checks every tensor against its module already (``loading/gguf_shapes``); this is the last
+    line before the kernels, for blocks from anywhere else."""
+    if isinstance(module, torch.nn.Embedding):
+        wanted = (module.num_embeddings, module.embedding_dim)
+    elif isinstance(module, torch.nn.Linear):
+        wanted = (module.out_features, module.in_features)
+    else:
+        return
+    if (weight.out_features, weight.in_features) != wanted:
+        raise ValueError(f"the blocks for {name} are [{weight.out_features}, {weight.in_features}] (rows, "
+                         f"row length); the module is {list(wanted)}")
 
 
 def drop_file_blocks(model: torch.nn.Module) -> None:

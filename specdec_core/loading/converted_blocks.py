@@ -29,6 +29,7 @@ from specdec_core.execution.gguf_weights import BLOCK_READER_ATTRIBUTE
 from specdec_core.execution.hf_types import HFModule
 from specdec_core.kernels.c_library import SUPPORTED_TYPES
 from specdec_core.loading.gguf_file import read_gguf
+from specdec_core.loading.model_errors import ModelFileError
 
 logger = logging.getLogger(__name__)
 
@@ -103,9 +104,9 @@ def read_block_weights(path: Path, model: HFModule) -> dict[str, BlockWeight]:
         entry = tensors.get(f"{gguf_name}.weight")
         if entry is None or entry.ggml_type not in SUPPORTED_TYPES:
             continue
-        if entry.shape != (module.in_features, module.out_features):
-            raise ValueError(f"{gguf_name}.weight has shape {list(entry.shape)}, {name} wants "
-                             f"{[module.in_features, module.out_features]}")
+        if entry.shape != (module.in_features, module.out_features):  # the kernels trust the row length
+            raise ModelFileError(path.name, f"{gguf_name}.weight dimensions", f"{[module.in_features, module.out_features]} "
+                                 f"for {name}", list(entry.shape))
         blocks = torch.from_numpy(file.read(f"{gguf_name}.weight"))
         if permuted and gguf_name.endswith((".attn_q", ".attn_k")):
             blocks = unpermute_rows(blocks, heads if gguf_name.endswith(".attn_q") else kv_heads)

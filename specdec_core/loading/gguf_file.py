@@ -15,6 +15,10 @@ gives the header as a GGUF of its own, for readers that want a path (transformer
 
 The format: magic ``GGUF``, version, tensor and key counts; keys with typed values; then per
 tensor its name, shape (innermost first), GGML type and offset from the aligned data start.
+Files come from strangers, so every field is checked as it is read (``gguf_header``: counts and
+lengths against the bytes left, before allocating; ``gguf_tensors``: the tensor table against
+the file): a malformed file is one ``ModelFileError``, never a hang, a huge allocation or a
+traceback from deep inside the parser.
 """
 
 from __future__ import annotations
@@ -27,18 +31,13 @@ from typing import Any, Container, Sequence
 
 import numpy as np
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
-          7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+from specdec_core.loading.gguf_header import MAX_DIMS, MAX_KEY_BYTES, MAX_KEYS, MAX_NAME_BYTES, MAX_TENSORS, Cursor, Truncated
+from specdec_core.loading.gguf_tensors import TensorInfo, check_tensor_table
+from specdec_core.loading.model_errors import ModelFileError
 
-
-@dataclass(frozen=True)
-class TensorInfo:
-    ggml_type: int
-    shape: tuple[int, ...]  # GGUF order: the innermost (row) dimension first
-    offset: int  # absolute, in the file
-    nbytes: int
+_SMALLEST = 24  # magic, version, tensor count, key count
+_SMALLEST_KEY = 8 + 4 + 1  # name length, value type, a one-byte value
+_SMALLEST_TENSOR = 8 + 4 + 8 + 4 + 8  # name length, dimension count, one dimension, type, offset
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,13 @@ class GGUFFile:
 
     @property
     def architecture(self) -> str:
-        return str(self.metadata["general.architecture"])
+        """``general.architecture``: not required by the format (a metadata-only file may lack it),
+        so checked where a model is read."""
+        value = self.metadata.get("general.architecture")
+        if not isinstance(value, str) or not value:
+            raise ModelFileError(self.name, "general.architecture", "the model's architecture as a string",
+                                 "no such key" if value is None else value)
+        return value
 
     def read(self, name: str) -> np.ndarray:
         """The raw bytes of tensor ``name``, ``[rows, bytes per row]`` (rows: every dim but the first)."""
@@ -89,96 +94,51 @@ def _read_span(parts: Sequence[Path], sizes: Sequence[int], offset: int, nbytes:
     return out
 
 
-class _Truncated(Exception):
-    """The header runs past the bytes given (a split file: read the next part too)."""
-
-
-class _Cursor:
-    def __init__(self, buf: mmap.mmap | bytes) -> None:
-        self.buf, self.pos = buf, 0
-
-    def scalar(self, fmt: str) -> Any:
-        try:
-            value = struct.unpack_from(fmt, self.buf, self.pos)[0]
-        except struct.error as exc:
-            raise _Truncated from exc
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def skip(self, n: int) -> None:
-        self.pos += n
-        if self.pos > len(self.buf):
-            raise _Truncated
-
-    def string(self) -> str:
-        n = self.scalar("<Q")
-        self.skip(n)
-        return bytes(self.buf[self.pos - n:self.pos]).decode("utf-8", errors="replace")
-
-    def value(self, kind: int, keep: bool) -> Any:
-        if kind in _SCALARS:
-            return self.scalar(_SCALARS[kind])
-        if kind == _STRING:
-            return self.string()
-        if kind != _ARRAY:
-            raise ValueError(f"unknown GGUF value type {kind}")
-        item, count = self.scalar("<I"), self.scalar("<Q")
-        if item in _NUMPY:
-            dtype = np.dtype(_NUMPY[item])
-            self.skip(dtype.itemsize * count)
-            values = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos - dtype.itemsize * count).copy()
-            return values.tolist() if keep or count <= 64 else values
-        if item == _STRING:
-            if keep:
-                return [self.string() for _ in range(count)]
-            for _ in range(count):  # skipped, not decoded
-                self.skip(self.scalar("<Q"))
-            return count
-        return [self.value(item, keep) for _ in range(count)]
-
-
 def read_gguf(source: str | Path | Sequence[Path], keep: Container[str] = ()) -> GGUFFile:
     """Metadata and tensor table of a file (a path, or the consecutive parts it was split into);
-    string arrays are decoded only for keys in ``keep``."""
+    string arrays are decoded only for keys in ``keep``. Anything malformed is a ``ModelFileError``
+    (``gguf_header``), raised before anything is allocated for it."""
     parts = (Path(source),) if isinstance(source, (str, Path)) else tuple(Path(p) for p in source)
     sizes = tuple(p.stat().st_size for p in parts)
+    total, name = sum(sizes), parts[0].name
+    if total < _SMALLEST:
+        raise ModelFileError(name, "header", f"a GGUF file of at least {_SMALLEST} bytes", f"{total} bytes")
     with parts[0].open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as first:
         if first[:4] != b"GGUF":
-            raise ValueError(f"{parts[0]} is not a GGUF file")
+            raise ModelFileError(name, "magic", "b'GGUF' (a GGUF file)", first[:4])
         head: mmap.mmap | bytes = first
         for more in range(1, len(parts) + 1):
             try:
-                return _parse(head, parts, sizes, keep)
-            except _Truncated:
-                if more == len(parts):
-                    raise ValueError(f"{parts[0]} is truncated: its header runs past the end") from None
+                return _parse(Cursor(head, total, name), parts, sizes, keep)
+            except Truncated:  # only a split file's first part can end inside the header
                 head = _read_span(parts, sizes, 0, sum(sizes[:more + 1])).tobytes()
-    raise AssertionError("unreachable")
+    raise AssertionError("unreachable: the last part ends where the file does")
 
 
-def _parse(buf: mmap.mmap | bytes, parts: tuple[Path, ...], sizes: tuple[int, ...], keep: Container[str]
-           ) -> GGUFFile:
-    from gguf import GGML_QUANT_SIZES
-
-    cur = _Cursor(buf)
+def _parse(cur: Cursor, parts: tuple[Path, ...], sizes: tuple[int, ...], keep: Container[str]) -> GGUFFile:
     cur.pos = 4
-    version, n_tensors, n_keys = cur.scalar("<I"), cur.scalar("<Q"), cur.scalar("<Q")
-    if version < 2:
-        raise ValueError(f"{parts[0]} is GGUF version {version}; versions 2 and 3 are read")
+    version = cur.scalar("<I", "version")
+    if version not in (2, 3):
+        swapped = " (a big-endian file?)" if version > 0xFFFF else ""
+        raise cur.error("version", "2 or 3", f"{version}{swapped}")
+    n_tensors = cur.count("tensor count", _SMALLEST_TENSOR, MAX_TENSORS)
+    n_keys = cur.count("metadata key count", _SMALLEST_KEY, MAX_KEYS)
     metadata: dict[str, Any] = {}
     for _ in range(n_keys):
-        key = cur.string()
-        metadata[key] = cur.value(cur.scalar("<I"), key in keep)
+        key = cur.string(f"metadata key {len(metadata)}", MAX_KEY_BYTES)
+        if key in metadata:
+            raise cur.error(key, "each metadata key once", "it again")
+        metadata[key] = cur.value(cur.value_type(f"{key} type"), key in keep, key)
     metadata_end = cur.pos
-    raw = []
-    for _ in range(n_tensors):
-        name = cur.string()
-        dims = tuple(cur.scalar("<Q") for _ in range(cur.scalar("<I")))
-        raw.append((name, dims, cur.scalar("<I"), cur.scalar("<Q")))
-    align = int(metadata.get("general.alignment", 32))
-    start = (cur.pos + align - 1) // align * align
-    tensors = {}
-    for name, dims, ggml_type, offset in raw:
-        block, size = GGML_QUANT_SIZES[ggml_type]
-        tensors[name] = TensorInfo(ggml_type, dims, start + offset, int(np.prod(dims)) // block * size)
-    return GGUFFile(parts, sizes, metadata, tensors, metadata_end)
+    raw = [_tensor_entry(cur, i) for i in range(n_tensors)]
+    return GGUFFile(parts, sizes, metadata, check_tensor_table(cur, metadata, raw), metadata_end)
+
+
+def _tensor_entry(cur: Cursor, index: int) -> tuple[str, tuple[int, ...], int, int]:
+    """(name, dims, GGML type, offset) of the tensor table's entry ``index``, as stored."""
+    name = cur.string(f"name of tensor {index}", MAX_NAME_BYTES)
+    n_dims = cur.scalar("<I", f"{name} dimension count")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise cur.error(f"{name} dimension count", f"1 to {MAX_DIMS}", n_dims)
+    dims = tuple(cur.scalar("<Q", f"{name} dimensions") for _ in range(n_dims))
+    return name, dims, cur.scalar("<I", f"{name} type"), cur.scalar("<Q", f"{name} offset")

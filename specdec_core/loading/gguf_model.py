@@ -45,7 +45,8 @@ from specdec_core.execution.hf_types import HFModule
 from specdec_core.kernels.c_library import SUPPORTED_TYPES
 from specdec_core.loading.converted_blocks import unpermute_rows
 from specdec_core.loading.gguf_file import GGUFFile, read_gguf
-from specdec_core.loading.model_errors import ModelLoadError
+from specdec_core.loading.gguf_shapes import check_config, check_tensor
+from specdec_core.loading.model_errors import ModelFileError, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +76,15 @@ class GGUFSource:
 
 def readable(source: GGUFSource) -> GGUFFile | None:
     """``source``'s parsed header where it is a GGUF of an architecture this module reads (for
-    ``load_gguf_model``, which would otherwise parse it again: 60-70 ms a model), else None."""
+    ``load_gguf_model``, which would otherwise parse it again: 60-70 ms a model), else None.
+
+    A malformed header raises ``ModelFileError``: every GGUF is read here first, whatever then
+    loads it, because the other reader (transformers', through ``gguf.GGUFReader``) trusts the
+    header's counts, and allocated until it was killed for a claimed 2^40-byte string."""
     try:
         file = read_gguf(source.parts)
-    except (OSError, ValueError, KeyError):
-        return None
+    except OSError as exc:
+        raise ModelLoadError(f"could not read {source.name}: {exc}") from exc
     return file if file.architecture in FROM_FILE else None
 
 
@@ -90,22 +95,30 @@ def gguf_config(file: GGUFFile):
 
     arch = file.architecture
     values: dict[str, Any] = dict(GGUF_CONFIG_DEFAULTS_MAPPING.get(arch, {}))
+    mapping: dict[str, dict[str, Any]] = GGUF_CONFIG_MAPPING  # type: ignore[assignment]
+    # config value -> the metadata key it comes from, for messages (also where the key is missing)
+    keys = {target: f"{arch}.{rest}" for rest, target in mapping.get(arch, {}).items() if isinstance(target, str)}
     for key, value in file.metadata.items():
         prefix, _, rest = key.partition(".")
-        mapping: dict[str, dict[str, Any]] = GGUF_CONFIG_MAPPING  # type: ignore[assignment]
         table = mapping.get(arch if prefix == arch else prefix, {})
         target = table.get(rest) if prefix in (arch, "general", "tokenizer") else None
         if target is not None and target != -1 and not isinstance(value, np.ndarray):
-            values[target] = value
+            values[target], keys[target] = value, key
     values["tie_word_embeddings"] = "output.weight" not in file.tensors
-    if "vocab_size" not in values:
-        values["vocab_size"] = file.metadata["tokenizer.ggml.tokens"]  # its length: the array is not decoded
-    if arch == "phi3":
-        values.update(_phi3_rope(file, values))
-    model_type = _MODEL_TYPES.get(arch, arch)
+    if "vocab_size" not in values:  # the vocabulary's length (the array is not decoded)
+        keys["vocab_size"] = "tokenizer.ggml.tokens"
+        if "tokenizer.ggml.tokens" in file.metadata:
+            values["vocab_size"] = file.metadata["tokenizer.ggml.tokens"]
     for key in ("model_type", "_model_name_or_path"):
         values.pop(key, None)
-    return AutoConfig.for_model(model_type, **values)
+    check_config(file, values, keys)
+    if arch == "phi3":
+        values.update(_phi3_rope(file, values))
+    try:
+        return AutoConfig.for_model(_MODEL_TYPES.get(arch, arch), **values)
+    except (ValueError, TypeError, ArithmeticError) as exc:  # what the checks above leave to transformers
+        raise ModelFileError(file.name, f"{arch}.* metadata", "a config transformers accepts",
+                             f"{type(exc).__name__}: {exc}") from exc
 
 
 def _phi3_rope(file: GGUFFile, values: dict[str, Any]) -> dict[str, Any]:
@@ -116,44 +129,62 @@ def _phi3_rope(file: GGUFFile, values: dict[str, Any]) -> dict[str, Any]:
     meta = file.metadata
     head_dim = values["hidden_size"] // values["num_attention_heads"]
     dims = meta.get("phi3.rope.dimension_count") or head_dim
+    if type(dims) is not int or not 0 < dims <= head_dim or dims % 2:
+        raise ModelFileError(file.name, "phi3.rope.dimension_count", f"an even number of rotary dims up to the "
+                             f"head's {head_dim}", dims)
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": values.pop("rope_theta", 10000.0),
                             "partial_rotary_factor": dims / head_dim}
     out: dict[str, Any] = {"rope_parameters": rope}
     original = meta.get("phi3.rope.scaling.original_context_length")
+    if original is not None and (type(original) is not int or original < 0):
+        raise ModelFileError(file.name, "phi3.rope.scaling.original_context_length", "a context length", original)
     if original:
         out["original_max_position_embeddings"] = int(original)
     if "rope_factors_long.weight" in file.tensors or "rope_factors_short.weight" in file.tensors:
         if not original:
-            raise ValueError(f"{file.name} has LongRoPE factors but no phi3.rope.scaling.original_context_length")
+            raise ModelFileError(file.name, "phi3.rope.scaling.original_context_length", "the context length the "
+                                 "LongRoPE factors (rope_factors_*.weight) switch at", original)
         rope.update(rope_type="longrope", original_max_position_embeddings=int(original),
-                    long_factor=_floats(file, "rope_factors_long.weight"),
-                    short_factor=_floats(file, "rope_factors_short.weight"))
+                    long_factor=_floats(file, "rope_factors_long.weight", dims // 2),
+                    short_factor=_floats(file, "rope_factors_short.weight", dims // 2))
     return out
 
 
-def _floats(file: GGUFFile, name: str) -> list[float]:
-    """A small float tensor of the file as Python floats (LongRoPE's factors)."""
+def _floats(file: GGUFFile, name: str, count: int) -> list[float]:
+    """A small float tensor of ``count`` values of the file as Python floats (LongRoPE's factors)."""
+    check_tensor(file, name, (count,), "the rotary factors (half the phi3.rope.dimension_count)")
+    values = _dequantize(file, name)
+    return [float(v) for v in values.astype(np.float32).reshape(-1)]
+
+
+def _dequantize(file: GGUFFile, name: str) -> np.ndarray:
+    """Tensor ``name`` of the file dequantized by the gguf package (transformers' loader does the same)."""
     from gguf import GGMLQuantizationType, quants
 
-    if name not in file.tensors:
-        raise ValueError(f"{file.name} lacks {name}")
-    values = quants.dequantize(file.read(name), GGMLQuantizationType(file.tensors[name].ggml_type))
-    return [float(v) for v in values.astype(np.float32).reshape(-1)]
+    kind = GGMLQuantizationType(file.tensors[name].ggml_type)
+    try:
+        return quants.dequantize(file.read(name), kind)
+    except NotImplementedError as exc:
+        raise ModelFileError(file.name, f"{name} type", "a type the gguf package dequantizes", kind.name) from exc
 
 
 def load_gguf_model(source: GGUFSource, file: GGUFFile) -> tuple[HFModule, Any]:
     """(model, tokenizer) of ``source``, whose header ``readable`` parsed as ``file``, on the CPU
     in float32, blocks kept (see module docstring)."""
     from accelerate import init_empty_weights
-    from gguf import GGMLQuantizationType, get_tensor_name_map, quants
+    from gguf import get_tensor_name_map
     from gguf.constants import MODEL_ARCH_NAMES
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     arch = file.architecture
-    config = gguf_config(file)
-    with init_empty_weights(include_buffers=False):
-        model: Any = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    config = gguf_config(file)  # checked against the tensors (gguf_shapes), so building it is bounded
+    try:
+        with init_empty_weights(include_buffers=False):
+            model: Any = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    except (ValueError, TypeError, ArithmeticError) as exc:
+        raise ModelFileError(file.name, f"{arch}.* metadata", "a model transformers can build",
+                             f"{type(exc).__name__}: {exc}") from exc
     names = get_tensor_name_map(next(a for a, n in MODEL_ARCH_NAMES.items() if n == arch), config.num_hidden_layers)
     processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
     head = model.get_output_embeddings()
@@ -162,8 +193,7 @@ def load_gguf_model(source: GGUFSource, file: GGUFFile) -> tuple[HFModule, Any]:
     embedding: BlockWeight | None = None
 
     def dense(gguf_name: str, shape: torch.Size) -> torch.Tensor:
-        info = file.tensors[gguf_name]
-        values = quants.dequantize(file.read(gguf_name), GGMLQuantizationType(info.ggml_type)).astype(np.float32)
+        values = _dequantize(file, gguf_name).astype(np.float32)
         values = processor.process(weights=values.reshape(tuple(shape)), name=gguf_name).weights
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
 
@@ -176,8 +206,8 @@ def load_gguf_model(source: GGUFSource, file: GGUFFile) -> tuple[HFModule, Any]:
             raise ModelLoadError(f"{source.name}: no GGUF tensor is named for {module_name}")
         for param_name, param in own:
             gguf_name = f"{base}.{param_name}"
-            if gguf_name not in file.tensors:
-                raise ModelLoadError(f"{source.name} lacks {gguf_name} ({module_name}.{param_name})")
+            # before anything is read: the kernels trust a weight's dimensions
+            check_tensor(file, gguf_name, tuple(param.shape), f"{module_name}.{param_name}")
             weight = None
             if param_name == "weight":  # a tied head shares the embedding's blocks
                 weight = embedding if module is head and tied else _blocks(file, gguf_name, module, arch, config)
@@ -191,7 +221,7 @@ def load_gguf_model(source: GGUFSource, file: GGUFFile) -> tuple[HFModule, Any]:
             setattr(module, param_name, torch.nn.Parameter(value, requires_grad=False))
     model.eval()
     setattr(model, BLOCKS_ATTRIBUTE, blocks)
-    tokenizer = _tokenizer(source.metadata_file, config.model_type)
+    tokenizer = _tokenizer(source.metadata_file, config.model_type, file.name)
     logger.info("%s served from the file: %d tensors kept as blocks, %d read as float32", source.name, len(blocks),
                 sum(1 for _ in model.parameters()) - len(blocks))
     return model, tokenizer
@@ -224,14 +254,23 @@ def _blocks(file: GGUFFile, gguf_name: str, module: HFModule, arch: str, config)
     return weight if executable(weight) else None
 
 
-def _tokenizer(path: Path, model_type: str) -> Any:
+def _tokenizer(path: Path, model_type: str, name: str) -> Any:
     """The file's tokenizer, built by transformers' GGUF tokenizer builder for the class of its model
     type. Not ``AutoTokenizer.from_pretrained(gguf_file=)`` alone: for architectures its fast
     reader does not cover it first rebuilds the config with ``gguf.GGUFReader`` (37 s for Gemma 3
-    270M here); the class named, it reads only the tokenizer's own keys (7 s)."""
+    270M here); the class named, it reads only the tokenizer's own keys (7 s).
+
+    The builder sees only the file's ``tokenizer.*`` keys (the header is checked by then), so
+    whatever it raises is the file's fault: one ``ModelFileError``, not its traceback."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
 
-    if model_type in TOKENIZER_MAPPING_NAMES:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, tokenizer_type=model_type)
-    return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
+    try:
+        if model_type in TOKENIZER_MAPPING_NAMES:
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, tokenizer_type=model_type)
+        return PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
+    except OSError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the builder's errors are many; the input is the file's alone
+        raise ModelFileError(name, "tokenizer.* metadata", "a tokenizer transformers can build",
+                             f"{type(exc).__name__}: {exc}") from exc

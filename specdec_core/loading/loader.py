@@ -81,8 +81,9 @@ def load_model(
     """
     dev, dt = profile.device, profile.dtype
     gguf, name = _gguf_file(source, role, Path(cache_dir), progress)
-    header = readable(gguf) if gguf is not None and profile.kernels == "gguf" else None
-    if gguf is not None and header is not None:
+    # every GGUF's header is checked here, whichever path then loads it (a bad one: ModelFileError)
+    header = readable(gguf) if gguf is not None else None
+    if gguf is not None and header is not None and profile.kernels == "gguf":
         where = f"its {len(gguf.parts)} parts" if gguf.split else gguf.parts[0]
         with phase(logger, f"loading the {role} model {name} from {where} (its own blocks, from the file)"):
             try:

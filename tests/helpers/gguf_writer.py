@@ -71,9 +71,11 @@ def write_phi3_gguf(out: Path, *, hidden: int = 256, layers: int = 2, heads: int
                     ffn: int = 512, context: int = 4096, original_context: int = 4096, rope_dims: int | None = None,
                     long_factors: list[float] | None = None, short_factors: list[float] | None = None,
                     tied: bool = False, sliding_window: int = 2047, rope_theta: float = 10000.0,
-                    types: dict[str, GGMLQuantizationType] | None = None, seed: int = 0) -> Path:
+                    types: dict[str, GGMLQuantizationType] | None = None, seed: int = 0,
+                    shapes: dict[str, tuple[int, int]] | None = None) -> Path:
     """Write a random Phi-3 to ``out`` (see module docstring); ``long_factors`` and
-    ``short_factors`` (``rope_dims / 2`` each) make it a LongRoPE model."""
+    ``short_factors`` (``rope_dims / 2`` each) make it a LongRoPE model; ``shapes`` writes the
+    named tensors with other (rows, columns) than the model's (a malformed file)."""
     head_dim = hidden // heads
     rope_dims = rope_dims or head_dim
     types = {**PHI3_TYPES, **(types or {})}
@@ -115,6 +117,7 @@ def write_phi3_gguf(out: Path, *, hidden: int = 256, layers: int = 2, heads: int
     counter = iter(range(seed * 1000, seed * 1000 + 1000))
 
     def blocks(name: str, role: str, rows: int, cols: int) -> None:
+        rows, cols = (shapes or {}).get(name, (rows, cols))
         writer.add_tensor(name, blocks_for(types[role], rows, cols, seed=next(counter), scale=0.05),
                           raw_dtype=types[role])
 

@@ -153,3 +153,25 @@ def test_parsing_does_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
+
+
+def test_a_malformed_model_file_is_one_line_and_exit_2(tmp_path) -> None:
+    """A GGUF header claiming a 2^40-byte string (the server allocated until killed at 6 GB) is
+    refused before the port opens: one line naming the file and the field, exit 2, no traceback,
+    and nothing loaded (the header is checked without torch)."""
+    from tests.helpers.gguf_raw import STRING, gguf_bytes
+    from tests.helpers.servers import free_port
+
+    data, fields = gguf_bytes([("general.architecture", STRING, "llama")])
+    length = [f for f in fields if f.role == "length"][1]  # the value's, after the key's
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(data[:length.offset] + (1 << 40).to_bytes(8, "little") + data[length.offset + 8:])
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "server", "serve", "--model", str(bad),
+                           "--port", str(free_port())], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
+    left = len(data) - length.offset - 8
+    assert lines == [f"specdec serve: error: bad.gguf: general.architecture length: expected at most the {left} "
+                     f"bytes left in the file (at byte {length.offset + 8}), found {1 << 40}"]
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "specdec_core.loading.gguf_file" in imported and "torch" not in imported  # nothing heavy imported

@@ -163,6 +163,38 @@ def test_failed_load_reports_and_signals_fatal() -> None:
         error_of(httpx.post(srv.url + C, json=BODY), 503)
 
 
+def test_a_malformed_model_file_is_one_log_line_and_exit_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found while loading (a tensor that is not the model's): the user's file, not a fault of the
+    server, so one error line saying what is wrong (no traceback) and exit status 2."""
+    import server.app
+    from specdec_core.loading.model_errors import ModelFileError
+
+    codes: list[int] = []
+    logged: list[tuple[str, str, dict]] = []
+
+    class Log:
+        def info(self, event: str, **kw: object) -> None:
+            pass
+
+        def error(self, event: str, **kw: object) -> None:
+            logged.append(("error", event, kw))
+
+        def exception(self, event: str, **kw: object) -> None:
+            logged.append(("exception", event, kw))
+
+    def broken(cfg):
+        raise ModelFileError("bad.gguf", "token_embd.weight rows", "49152, the vocabulary (llama.vocab_size)", 100)
+
+    monkeypatch.setattr(server.app, "log", Log())
+    app = build_app(ServerSettings(), engine_factory=broken, on_fatal=codes.append)
+    with ThreadServer(app) as srv:
+        srv.wait_for(lambda: codes == [2])
+        r = httpx.get(srv.url + "/health")
+        assert r.status_code == 503 and "token_embd.weight rows" in r.json()["reason"]
+    message = "bad.gguf: token_embd.weight rows: expected 49152, the vocabulary (llama.vocab_size), found 100"
+    assert logged == [("error", "engine failed to load: the model file is malformed", {"error": message})]
+
+
 def test_the_real_engine_builder_freezes_the_startup_heap(tiny_target: Path) -> None:
     """``load_engine`` (what ``specdec serve`` builds) leaves the loaded models out of every later
     garbage collection: without the freeze a full collection walks them each time."""
