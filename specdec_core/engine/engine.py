@@ -147,7 +147,7 @@ class Engine:
                                      ) if method in ("suffix", "auto") else None
         found: tuple[tuple[Source, LookupProposer | None], ...] = (("ngram", self.ngram), ("suffix", self.suffix))
         lookups: dict[Source, LookupProposer] = {source: p for source, p in found if p is not None}
-        self.speculative_step = SpeculativeStep(self.target, self.drafter, lookups)
+        self.speculative_step = SpeculativeStep(self.target, self.drafter)
         log.info("execution: target on the %s path, draft %s%s", self.target.path,
                  f"on the {self.draft_runner.path} path" if self.draft_runner else "none",
                  "; no decode graphs (not the native path)" if profile.decode_graphs and self.target.graphs is None else "")
