@@ -1,11 +1,15 @@
-"""A step looks each request up once.
+"""A step looks each request up once, and the cost model learns once per real step.
 
 The speculation policy asks the lookup proposers (n-gram, suffix) what they have for each request
 at its cap, to price its drafts; the step then verifies the policy's lookup cut to the chosen k
 (``ScheduledRequest.looked_up``), instead of asking the proposers again. Counted here in real
 engine runs on the tiny pair, through every path a lookup could be made on: fixed and adaptive
 k, chains and token trees, a grammar, a seeded request, logprobs (chains only), prompt chunks (no
-drafts). Greedy output stays the target's own.
+drafts), and a batch that fails after planning and is bisected (its halves run again on the
+same items: no lookup either). Greedy output stays the target's own.
+
+A bisected batch's halves are not steps the scheduler planned: the cost model learns the whole
+step only (``Engine._run``), so one failure does not teach it 2*log2(N) steps of odd shapes.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import pytest
 
 from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.decoding.structured_output import StructuredOutput
+from tests.helpers.fault_hooks import fail_planned_steps_holding
 from tests.helpers.models import load
 
 SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
@@ -113,3 +118,42 @@ def test_each_speculating_request_is_looked_up_once_a_step(pair, reference, meth
     by_source = eng.metrics.draft_tokens_by_source
     if not adaptive:  # every speculating step drafts: the looked-up drafts were verified
         assert by_source.get("ngram", 0) + by_source.get("suffix", 0) > 0, by_source
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_a_bisected_step_is_neither_looked_up_again_nor_learned(pair, reference, method, monkeypatch):
+    """A neighbour's fault once every draft is planned: the batch is bisected and its healthy half
+    runs again with the drafts the policy chose (the same request state: nothing moved), and
+    keeps the target's greedy tokens. The cost model learns every whole step that ran and none
+    of the halves."""
+    fail_planned_steps_holding("BOOM", monkeypatch.setattr, after_tokens=4)
+    eng = engine(pair, method)
+    steps = count_lookups(eng)
+    runs: list[tuple[int, bool, bool]] = []  # (items, whole, it ran) per ``_run``
+    observed: list[int] = []
+    real_run, real_observe = eng._run, eng.step_costs.observe
+
+    def run_counted(plan, *, whole):
+        try:
+            out = real_run(plan, whole=whole)
+        except Exception:
+            runs.append((len(plan.items), whole, False))
+            raise
+        runs.append((len(plan.items), whole, True))
+        return out
+
+    def observe(items, *args):
+        observed.append(len(items))
+        return real_observe(items, *args)
+
+    eng._run = run_counted  # type: ignore[method-assign]
+    eng.step_costs.observe = observe  # type: ignore[method-assign]
+    before = eng.step_costs.costs.observed_steps
+    reqs = run(eng, [(p, GREEDY) for p in PROMPTS] + [("please BOOM now", GREEDY)])
+    assert reqs[-1].finish_reason == "error"
+    assert [r.output_ids for r in reqs[:len(PROMPTS)]] == [reference[p] for p in PROMPTS]
+    assert all(made == expected for made, expected in steps)
+    assert any(not whole and ran for _, whole, ran in runs), runs  # a half ran (and was committed)
+    assert (len(PROMPTS) + 1, True, False) in runs  # after the whole batch failed
+    assert observed == [n for n, whole, ran in runs if whole and ran]
+    assert eng.step_costs.costs.observed_steps - before <= len(observed)
