@@ -115,11 +115,11 @@ class Chooser:
 
     def choose(self, running: list[tuple[Request, list[int]]]) -> list[tuple[ScheduledRequest, DraftTree]]:
         """``running``: each request with the rest of its real output. The items carry what the
-        policy looked up (``lookups``), which the request learns from as in the engine."""
+        policy looked up (``lookups``), which the request learns from as in the engine, and the
+        drafts it chose (``looked_up``), which the engine's step verifies."""
         items = [ScheduledRequest(req, 1) for req, _ in running]
         self.policy.plan(items)
-        return [(it, self.lookups[it.source].lookup_tree(it.request, it.num_drafts)
-                 if it.num_drafts and it.source is not None else DraftTree([])) for it in items]
+        return [(it, it.looked_up if it.looked_up is not None else DraftTree([])) for it in items]
 
 
 class Oracle(Chooser):
@@ -134,7 +134,7 @@ class Oracle(Chooser):
         context = req.num_computed
         best: tuple[float, Source | None, list[int]] = (1 / self._cost(1, context), None, [])
         for source, proposer in self.lookups.items():
-            drafts = proposer.lookup_tree(req, min(self.cap, len(truth) - 1)).tokens
+            drafts = proposer.propose(req, min(self.cap, len(truth) - 1)).tree.tokens
             for k in range(1, kept_prefix(drafts, truth) + 1):
                 rate = (k + 1) / self._cost(k + 1, context)
                 if rate > best[0]:

@@ -147,7 +147,7 @@ class Engine:
                                      ) if method in ("suffix", "auto") else None
         found: tuple[tuple[Source, LookupProposer | None], ...] = (("ngram", self.ngram), ("suffix", self.suffix))
         lookups: dict[Source, LookupProposer] = {source: p for source, p in found if p is not None}
-        self.speculative_step = SpeculativeStep(self.target, self.drafter, lookups)
+        self.speculative_step = SpeculativeStep(self.target, self.drafter)
         log.info("execution: target on the %s path, draft %s%s", self.target.path,
                  f"on the {self.draft_runner.path} path" if self.draft_runner else "none",
                  "; no decode graphs (not the native path)" if profile.decode_graphs and self.target.graphs is None else "")
@@ -229,7 +229,7 @@ class Engine:
         self.policy.plan(plan.items)                                        # plan
         t0 = time.perf_counter()
         try:
-            outputs = self._run(plan)                                       # propose .. commit
+            outputs = self._run(plan, whole=True)                           # propose .. commit
         except Exception as exc:  # noqa: BLE001 - isolate the request(s) that broke the batch
             outputs = self._isolate_failure(plan, exc)
         self.metrics.total_steps += 1
@@ -237,11 +237,15 @@ class Engine:
         self._refresh_gauges()
         return outputs
 
-    def _run(self, plan: ScheduledStep) -> list[RequestOutput]:
-        """Propose, score and verify without touching request state; then commit."""
+    def _run(self, plan: ScheduledStep, *, whole: bool) -> list[RequestOutput]:
+        """Propose, score and verify without touching request state; then commit. Only a ``whole``
+        step (as scheduled) teaches the cost model, before the commit moves the tokens it prices:
+        a bisected step's halves are shapes never scheduled, up to 2*log2(N) for one failure."""
         outcome = self.speculative_step.run(plan.items)                      # propose, forward, verify
         self.metrics.record_step(outcome.draft_seconds, outcome.target_seconds, *outcome.tree_counts)
-        self.step_costs.observe(plan.items, outcome.draft_seconds, outcome.target_seconds, 1 + self.num_speculative_tokens)
+        if whole:
+            self.step_costs.observe(plan.items, outcome.draft_seconds, outcome.target_seconds,
+                                    1 + self.num_speculative_tokens)
         return self._commit_step(plan, outcome)                               # commit
 
     def _copy_prefixes(self, plan: ScheduledStep) -> None:
@@ -267,7 +271,7 @@ class Engine:
         mid = len(items) // 2
         for half in (ScheduledStep(items[:mid]), ScheduledStep(items[mid:])):
             try:
-                outputs += self._run(half)
+                outputs += self._run(half, whole=False)
             except Exception as half_exc:  # noqa: BLE001 - the culprit is in this half
                 outputs += self._isolate_failure(half, half_exc)
         return outputs

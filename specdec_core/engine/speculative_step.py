@@ -1,7 +1,8 @@
 """Propose, score and verify one step on the device: one upload, one read.
 
-The host plans the whole step first: lookups (n-gram, suffix), every draft and target forward's indices,
-every logits row's warping rule and every request's uniforms go into one ``HostUpload``. Then the
+The host plans the whole step first: the drafts the policy looked up (n-gram, suffix; looked up
+once, by the policy), every draft and target forward's indices, every logits row's warping rule
+and every request's uniforms go into one ``HostUpload``. Then the
 device runs it: the draft model draws its drafts position after position into a ``[B, K]``
 tensor, the target scores every request's last token and drafts in one forward (the drafts fed
 from that tensor), and verification accepts and samples for all requests at once. The outcome,
@@ -34,10 +35,8 @@ from specdec_core.execution.host_upload import HostUpload, Ref
 from specdec_core.execution.kv_cache import token_rows
 from specdec_core.execution.model_runner import ModelRunner
 from specdec_core.speculation import verifier
-from specdec_core.speculation.acceptance import Source
 from specdec_core.speculation.draft_model import DraftModelProposer, DraftPlan
 from specdec_core.speculation.draft_tree import DraftTree
-from specdec_core.speculation.policy import LookupProposer
 from specdec_core.speculation.scheduled_request import ScheduledRequest
 
 
@@ -124,9 +123,8 @@ class _Plan:
 class SpeculativeStep:
     """Runs the propose -> forward -> verify part of a step for the planned items."""
 
-    def __init__(self, target: ModelRunner, drafter: DraftModelProposer | None,
-                 lookups: dict[Source, LookupProposer]) -> None:
-        self.target, self.drafter, self.lookups = target, drafter, lookups
+    def __init__(self, target: ModelRunner, drafter: DraftModelProposer | None) -> None:
+        self.target, self.drafter = target, drafter
 
     def run(self, items: list[ScheduledRequest[Request]]) -> StepOutcome:
         upload = HostUpload()
@@ -181,9 +179,9 @@ class SpeculativeStep:
                 for b, row in enumerate(verified)]
 
     def _plan(self, items: list[ScheduledRequest[Request]], upload: HostUpload) -> _Plan:
-        """Lookups, how many drafts each item verifies, and everything the device needs."""
-        looked_up = {b: self.lookups[it.source].lookup_tree(it.request, it.num_drafts) for b, it in enumerate(items)
-                     if it.source in self.lookups and it.num_drafts}
+        """How many drafts each item verifies, and everything the device needs. Looked-up drafts
+        are the policy's (``ScheduledRequest.looked_up``): the lookup is not made again."""
+        looked_up = {b: it.looked_up for b, it in enumerate(items) if it.looked_up is not None}
         drafter = self.drafter if self.drafter is not None and self.drafter.wanted(items) else None
         drawn = [drafter.drafts(it) if drafter is not None else 0 for it in items]
         num = [len(looked_up[b]) if b in looked_up else drawn[b] for b in range(len(items))]

@@ -1,8 +1,8 @@
 """The plan of one step: which requests run (``ScheduledRequest``, defined in speculation/ so the
 policy and the proposers read it without importing the engine), how many known tokens each
 feeds, how many drafts each verifies and who proposes them, and the prefix-cache copies before
-it. The scheduler fills ``num_new``, the speculation policy ``num_drafts`` and ``source``;
-proposers, the forward and the commit only read it."""
+it. The scheduler fills ``num_new``, the speculation policy ``num_drafts``, ``source`` and the
+looked-up drafts (``looked_up``); proposers, the forward and the commit only read it."""
 
 from __future__ import annotations
 

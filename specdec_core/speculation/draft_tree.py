@@ -95,3 +95,20 @@ class DraftTree:
         for j, p in enumerate(self.parents):
             paths.append((paths[p] if p >= 0 else []) + [j])
         return paths
+
+
+class Lookup:
+    """One lookup made at a cap (``LookupProposer.propose``): its drafts (``tree``), priced by the
+    policy and scored by the commit, and for the k the policy chooses, the drafts a lookup at k
+    gives (``cut``) without looking again: the step verifies what the policy priced, and a request
+    is looked up once a step. Here ``cut`` is ``tree``'s first k nodes, exact for a lookup whose
+    drafts for k are the first k of those for a larger k (the n-gram lookup: the tokens after
+    one match, cut where a grammar, which accepts tokens one after another, rejects one); a
+    proposer where k changes more than that overrides it (``suffix.SuffixLookup``)."""
+
+    def __init__(self, tree: DraftTree) -> None:
+        self.tree = tree
+
+    def cut(self, k: int) -> DraftTree:
+        """The drafts a lookup at ``k`` (at most the cap) would have given."""
+        return self.tree if k >= len(self.tree) else self.tree.first(max(k, 0))

@@ -9,7 +9,7 @@ three times as often as a 1-token one).
 from __future__ import annotations
 
 from specdec_core.speculation.acceptance import PRIOR
-from specdec_core.speculation.draft_tree import DraftTree, TokenEvidence
+from specdec_core.speculation.draft_tree import DraftTree, Lookup, TokenEvidence
 from specdec_core.speculation.ngram_index import NgramIndex
 from specdec_core.speculation.scheduled_request import SpeculatingRequest
 
@@ -32,11 +32,18 @@ class NgramProposer:
         return NgramProposer.lookup_tree(req, k).tokens
 
     @staticmethod
+    def propose(req: SpeculatingRequest, cap: int) -> Lookup:
+        """The policy's one lookup a step: ``lookup_tree`` at ``cap``, whose first k tokens are
+        the lookup at any smaller k (the match does not depend on k, nor the evidence of a
+        token on the tokens after it, and the grammar's cut of the first k tokens is its cut of
+        them all, or k), so the step verifies a cut of it (``Lookup.cut``)."""
+        return Lookup(NgramProposer.lookup_tree(req, cap))
+
+    @staticmethod
     def lookup_tree(req: SpeculatingRequest, k: int) -> DraftTree:
         """The lookup as a chain (a request's own text offers one continuation per match), cut
         where the request's grammar (if any) would reject it: a draft the target can never
-        accept only costs verification rows. The same text and ``k`` give the same tokens, so
-        the policy may ask for the cap and the proposal for the chosen k."""
+        accept only costs verification rows."""
         tokens, n = req.ngram.match(req.all_ids, k) if req.ngram else ([], 0)
         if tokens and req.grammar is not None:
             tokens = tokens[: req.grammar.valid_prefix(tokens)]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from specdec_core.speculation.acceptance import Source, expected_tokens
-from specdec_core.speculation.draft_tree import DraftTree
+from specdec_core.speculation.draft_tree import DraftTree, Lookup
 from specdec_core.speculation.lookup_calibration import LookupCalibration
 from specdec_core.speculation.scheduled_request import ScheduledItems, ScheduledRequest, SpeculatingRequest
 from specdec_core.speculation.step_costs import StepCostModel
@@ -34,9 +34,10 @@ class LookupProposer(Protocol):
     """A proposer that runs no model (n-gram, suffix): its drafts are a function of the text it
     has seen, and its q is one-hot on them."""
 
-    def lookup_tree(self, req: SpeculatingRequest, k: int) -> DraftTree:
-        """Up to ``k`` drafts for ``req`` (fewer, or none, where it has no confident match), a
-        chain or a token tree (``draft_tree``); k counts verified rows either way."""
+    def propose(self, req: SpeculatingRequest, cap: int) -> Lookup:
+        """Up to ``cap`` drafts for ``req`` (fewer, or none, where it has no confident match), a
+        chain or a token tree (``draft_tree``; cap counts verified rows either way), and the
+        drafts it would give for any smaller k (``Lookup.cut``), so it is asked once a step."""
         ...
 
 PROBE_INTERVAL = 32  # a draft model that never pays drafts one token every this many steps
@@ -51,6 +52,7 @@ class _Choice:
     expected: list[float]
     k: int = 0
     fixed: bool = False
+    lookup: Lookup | None = None  # a lookup's, cut to the chosen k for the step (None: the draft model)
 
     @property
     def cap(self) -> int:
@@ -83,9 +85,10 @@ class SpeculationPolicy:
 
     def __init__(self, method: str, costs: StepCostModel, adaptive: bool, max_model_len: int,
                  lookups: dict[Source, LookupProposer], has_draft: bool = True) -> None:
-        """``lookups``: the method's lookup proposers by source, asked how many tokens they have
-        for a request; the step asks them again for the chosen k. ``has_draft``: whether a draft
-        model runs (``auto`` without one chooses among the lookups only)."""
+        """``lookups``: the method's lookup proposers by source, each asked once a step what it
+        has for a request; the chosen one's drafts, cut to the chosen k, are what the step
+        verifies (``ScheduledRequest.looked_up``). ``has_draft``: whether a draft model runs
+        (``auto`` without one chooses among the lookups only)."""
         self.method = method
         self.has_draft = has_draft
         self.costs = costs
@@ -120,6 +123,8 @@ class SpeculationPolicy:
                 c.k = 1
             c.item.num_drafts = c.k
             c.item.source = c.source if c.k else None
+            # What a lookup at k gives: the step verifies it, and a bisected step's halves again.
+            c.item.looked_up = c.lookup.cut(c.k) if c.k and c.lookup is not None else None
 
     # ------------------------------------------------------------------ one request
 
@@ -138,10 +143,10 @@ class SpeculationPolicy:
             if self.method not in (source, "auto"):
                 continue
             # A completing item has every known token, so the lookup sees the full text.
-            tree = proposer.lookup_tree(req, cap)
-            if len(tree):
-                item.lookups[source] = tree
-                options.append(_Choice(item, source, self._lookup_expected(req, source, tree)))
+            found = proposer.propose(req, cap)
+            if len(found.tree):
+                item.lookups[source] = found.tree
+                options.append(_Choice(item, source, self._lookup_expected(req, source, found.tree), lookup=found))
         # The draft model never starts on a request (its cache empty: one forward over all its
         # tokens) in a step that prefills a prompt. Requests come in bursts (a client's concurrent
         # calls, an agent's parallel tool calls): the first of a burst is prefilled alone and

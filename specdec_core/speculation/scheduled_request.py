@@ -85,12 +85,16 @@ class ScheduledRequest(Generic[R]):
     """One request's share of a step: ``num_new`` known tokens fed to the target (a prompt chunk,
     or the last generated token) and ``num_drafts`` speculative tokens after them, proposed by
     ``source``. The scheduler fills ``num_new``, the speculation policy ``num_drafts``,
-    ``source`` and ``lookups``; proposers, the forward and the commit only read it."""
+    ``source``, ``looked_up`` and ``lookups``; proposers, the forward and the commit only read it."""
 
     request: R
     num_new: int
     num_drafts: int = 0
     source: Source | None = None
+    # A lookup source's drafts as the policy chose them (what a lookup at ``num_drafts`` gives,
+    # ``Lookup.cut``; None for the draft model's or none): the step verifies these, so the
+    # proposer is asked once a step, and the drafts verified are the ones the policy priced.
+    looked_up: DraftTree | None = None
     # Every lookup the policy made for this request this step, chosen or not: the commit scores
     # each against the tokens it commits (``Request.learn``, ``LookupCalibration.score``).
     lookups: dict[Source, DraftTree] = field(default_factory=dict)

@@ -20,10 +20,14 @@ changes speed only.
 from __future__ import annotations
 
 import bisect
+from typing import TYPE_CHECKING
 
-from specdec_core.speculation.draft_tree import DraftTree, TokenEvidence
+from specdec_core.speculation.draft_tree import DraftTree, Lookup, TokenEvidence
 from specdec_core.speculation.scheduled_request import SpeculatingRequest
 from specdec_core.speculation.suffix_trie import Proposal, SuffixCache, SuffixIndex, SuffixTrie
+
+if TYPE_CHECKING:  # a type only: the lookup calls the request's grammar state, never imports it
+    from specdec_core.decoding.grammar import GrammarState
 
 MIN_TOKEN_PROB = 0.1  # stop a proposal at a token that followed its context less often than this
 SPEC_FACTOR = 1.0  # propose at most this many tokens per token of match (vLLM's max_spec_factor)
@@ -54,40 +58,29 @@ class SuffixProposer:
 
     def lookup(self, req: SpeculatingRequest, k: int) -> list[int]:
         """Up to ``k`` proposed tokens as a chain (``lookup_tree`` without trees)."""
-        return self._chain(req, k).tokens
+        return self._lookup(req, k, trees=False).tree.tokens
 
     def lookup_tree(self, req: SpeculatingRequest, k: int) -> DraftTree:
-        """Up to ``k`` drafts as a tree of the likeliest continuations (``SuffixTrie.propose_tree``)
-        where trees are on and the request takes one (``Request.takes_tree``), else a chain.
-        Of the request's own trie and (unless seeded) the global one, the proposal that scores
-        higher (expected accepted tokens by the counts); the own one on a tie."""
-        if not self.trees or not req.takes_tree or req.suffix is None or k <= 0:
-            return self._chain(req, k)
-        context = req.all_ids[-self.max_match:]
-        best, best_trie = Proposal.none(), "own"
-        for name, trie in self._tries(req):
-            proposal = trie.propose_tree(context, k, self.max_match, MIN_TOKEN_PROB, SPEC_FACTOR)
-            if proposal.score > best.score:
-                best, best_trie = proposal, name
-        return _draft_tree(best, best_trie)
+        """Up to ``k`` drafts (``propose``'s at ``k``)."""
+        return self.propose(req, k).tree
 
-    def _chain(self, req: SpeculatingRequest, k: int) -> DraftTree:
-        """The better-scoring chain of the tries (as ``lookup_tree``), cut where the request's
-        grammar (if any) would reject it (as ``NgramProposer.lookup_tree``). A request's
-        own-trie tokens for k are the first k of those for a larger k; which trie wins may
-        change with k, which changes speed only."""
-        if req.suffix is None or k <= 0:
-            return DraftTree([])
+    def propose(self, req: SpeculatingRequest, cap: int) -> SuffixLookup:
+        """The policy's one lookup a step: each trie's proposal for up to ``cap`` drafts, kept so
+        that the drafts for any smaller k follow without walking the tries again
+        (``SuffixLookup.cut``). A token tree of the likeliest continuations
+        (``SuffixTrie.propose_tree``) where trees are on and the request takes one
+        (``Request.takes_tree``), else a chain (``SuffixTrie.propose``), cut where the request's
+        grammar (if any) would reject it (as ``NgramProposer.lookup_tree``)."""
+        return self._lookup(req, cap, self.trees and req.takes_tree)
+
+    def _lookup(self, req: SpeculatingRequest, cap: int, trees: bool) -> SuffixLookup:
+        if req.suffix is None or cap <= 0:
+            return SuffixLookup([], False, None)
         context = req.all_ids[-self.max_match:]
-        best, best_trie = Proposal.none(), "own"
-        for name, trie in self._tries(req):
-            proposal = trie.propose(context, k, self.max_match, MIN_TOKEN_PROB, SPEC_FACTOR)
-            if name == "own" or proposal.score > best.score:
-                best, best_trie = proposal, name
-        tree = _draft_tree(best, best_trie)
-        if tree.tokens and req.grammar is not None:
-            tree = tree.first(req.grammar.valid_prefix(tree.tokens))
-        return tree
+        found = [(name, trie.propose_tree(context, cap, self.max_match, MIN_TOKEN_PROB, SPEC_FACTOR) if trees
+                  else trie.propose(context, cap, self.max_match, MIN_TOKEN_PROB, SPEC_FACTOR))
+                 for name, trie in self._tries(req)]
+        return SuffixLookup(found, trees, None if trees else req.grammar)
 
     def _tries(self, req: SpeculatingRequest) -> list[tuple[str, SuffixTrie]]:
         """The tries a lookup for ``req`` reads, caught up with its text: its own, then the
@@ -104,6 +97,40 @@ class SuffixProposer:
         benchmark's 'off' arm cannot hand the 'on' arm the very output it is about to write."""
         if req.output_ids and req.max_spec_tokens > 0:
             self.cache.add(req.output_ids)
+
+
+class SuffixLookup(Lookup):
+    """A suffix lookup at a cap: every trie's proposal (``found``, the request's own first).
+    A lookup at a smaller k has each trie's proposal cut to k (``Proposal.first``), but which
+    trie wins is decided on the cut proposals' scores, so it may change with k; ``cut`` decides
+    it again, as a lookup at k would, and is that lookup exactly. A tree goes to the trie that
+    scores higher (the own one on a tie; none without a positive score); a chain to the own
+    trie unless the global one scores higher, then is cut where ``grammar`` rejects it."""
+
+    def __init__(self, found: list[tuple[str, Proposal]], trees: bool, grammar: GrammarState | None) -> None:
+        self.found, self.trees, self.grammar = found, trees, grammar
+        self._valid: dict[str, int] = {}  # trie -> how many of its proposal's tokens the grammar accepts
+        super().__init__(self._at(None))
+
+    def cut(self, k: int) -> DraftTree:
+        return self.tree if k >= max((len(p.tokens) for _, p in self.found), default=0) else self._at(max(k, 0))
+
+    def _at(self, k: int | None) -> DraftTree:
+        """The drafts of a lookup at ``k`` (None: at the cap)."""
+        best, best_trie = Proposal.none(), "own"
+        for name, found in self.found:
+            proposal = found if k is None else found.first(k)
+            if (not self.trees and name == "own") or proposal.score > best.score:
+                best, best_trie = proposal, name
+        tree = _draft_tree(best, best_trie)
+        if tree.tokens and self.grammar is not None:
+            # The grammar accepts tokens one after another: of a proposal's first k it accepts
+            # what it accepts of the whole proposal, or k.
+            if best_trie not in self._valid:
+                whole = next(p for name, p in self.found if name == best_trie)
+                self._valid[best_trie] = self.grammar.valid_prefix(whole.tokens)
+            tree = tree.first(min(self._valid[best_trie], len(tree)))
+        return tree
 
 
 def _draft_tree(proposal: Proposal, trie: str) -> DraftTree:

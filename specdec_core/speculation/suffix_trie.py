@@ -24,6 +24,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+Pick = tuple[int, int, int, tuple[float, int]]  # a tree node as taken: (parent as taken, token, rank, ratio)
+
 
 @dataclass(frozen=True)
 class Proposal:
@@ -31,17 +33,38 @@ class Proposal:
     nodes in preorder, as ``DraftTree``), the length of the context's suffix they continue, and
     their score: the expected number accepted if each token is right with its count ratio.
     ``ratios``: per token, its count ratio and the count it was taken of (how often its
-    parent's text occurred), the evidence the proposer prices it by."""
+    parent's text occurred), the evidence the proposer prices it by. ``running``: the score
+    after each node in the order the proposal took them (a chain's order; a tree's best first,
+    whose nodes as taken are ``picked``), so ``first`` cuts it without walking the trie again."""
 
     tokens: list[int]
     match_len: int
     score: float
     ratios: list[tuple[float, int]] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
+    running: tuple[float, ...] = ()
+    picked: tuple[Pick, ...] = ()
 
     @staticmethod
     def none() -> "Proposal":
         return Proposal([], 0, 0.0)
+
+    def first(self, k: int) -> "Proposal":
+        """The proposal the same trie and context give at most ``k`` tokens, ``k`` at most the
+        one this was proposed at: a proposal takes its nodes one at a time and ``k`` only stops
+        it (``propose``'s chain, ``propose_tree``'s pops), so its first ``k`` nodes as taken
+        and their running score are that proposal, exactly (a tree's are laid out in preorder
+        again). This is what lets a step verify the lookup its policy priced, made once."""
+        if k <= 0:
+            return Proposal.none()
+        if k >= len(self.tokens):
+            return self
+        if not self.picked:
+            return Proposal(self.tokens[:k], self.match_len, self.running[k - 1], self.ratios[:k],
+                            running=self.running[:k])
+        tokens, parents, ratios = _preorder(list(self.picked[:k]))
+        return Proposal(tokens, self.match_len, self.running[k - 1], ratios, parents, self.running[:k],
+                        self.picked[:k])
 
 
 ROOT = 0
@@ -176,6 +199,7 @@ class SuffixTrie:
         limit = min(k, math.ceil(spec_factor * m))
         tokens: list[int] = []
         ratios: list[tuple[float, int]] = []
+        running: list[float] = []
         prob, score = 1.0, 0.0
         below = kids[node]
         while len(tokens) < limit and below:
@@ -187,8 +211,9 @@ class SuffixTrie:
             score += prob
             tokens.append(token)
             ratios.append((p, count[node]))
+            running.append(score)
             node, below = child, kids[child]
-        return Proposal(tokens, m, score, ratios)
+        return Proposal(tokens, m, score, ratios, running=tuple(running))
 
     def propose_tree(self, context: list[int], k: int, max_match: int, min_prob: float,
                      spec_factor: float) -> Proposal:
@@ -220,7 +245,8 @@ class SuffixTrie:
                 order += 1
 
         depth_of: list[int] = []
-        picked: list[tuple[int, int, int, tuple[float, int]]] = []  # (parent, token, order, ratio) as taken
+        picked: list[Pick] = []
+        running: list[float] = []
         score = 0.0
         push(node, -1, 1.0, 0)
         while heap and len(picked) < k:
@@ -228,13 +254,13 @@ class SuffixTrie:
             picked.append((parent, token, rank, ratio))
             depth_of.append(1 + (depth_of[parent] if parent >= 0 else 0))
             score -= neg
+            running.append(score)
             push(child, len(picked) - 1, -neg, depth_of[-1])
         tokens, parents, ratios = _preorder(picked)
-        return Proposal(tokens, m, score, ratios, parents)
+        return Proposal(tokens, m, score, ratios, parents, tuple(running), tuple(picked))
 
 
-def _preorder(picked: list[tuple[int, int, int, tuple[float, int]]]
-              ) -> tuple[list[int], list[int], list[tuple[float, int]]]:
+def _preorder(picked: list[Pick]) -> tuple[list[int], list[int], list[tuple[float, int]]]:
     """Picked nodes renumbered depth first, each node's children in the order they were ranked
     (likelier first), so the first nodes are the greedy chain: their tokens, parents and ratios."""
     children: dict[int, list[int]] = {}

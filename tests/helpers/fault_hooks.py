@@ -39,11 +39,11 @@ def fail_batches_holding(marker: str, setattr_: Callable[[Any, str, Any], None] 
     real_run = engine_module.Engine._run
     sizes: list[int] = []
 
-    def run(self: Any, plan: Any) -> Any:
+    def run(self: Any, plan: Any, **kwargs: Any) -> Any:
         sizes.append(len(plan.items))
         if any(it.request.request_id in faulty for it in plan.items):
             raise RuntimeError(f"fault injected for testing (prompt mentions {marker!r})")
-        return real_run(self, plan)
+        return real_run(self, plan, **kwargs)
 
     setattr_(engine_module.Engine, "_run", run)
     return sizes

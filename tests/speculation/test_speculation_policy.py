@@ -12,7 +12,7 @@ from specdec_core import Engine, EngineConfig, SamplingParams
 from specdec_core.engine.request import Request
 from specdec_core.speculation.acceptance import expected_tokens
 from specdec_core.speculation.cost_table import CostTable
-from specdec_core.speculation.draft_tree import DraftTree
+from specdec_core.speculation.draft_tree import DraftTree, Lookup
 from specdec_core.speculation.policy import PROBE_INTERVAL, SpeculationPolicy
 from specdec_core.speculation.scheduled_request import ScheduledRequest
 from specdec_core.speculation.step_costs import StepCostModel
@@ -34,8 +34,8 @@ class RepeatLookup:
     def lookup(self, req: Request, k: int) -> list[int]:
         return [self.token] * k
 
-    def lookup_tree(self, req: Request, k: int) -> DraftTree:
-        return DraftTree.chain(self.lookup(req, k))
+    def propose(self, req: Request, cap: int) -> Lookup:
+        return Lookup(DraftTree.chain(self.lookup(req, cap)))
 
 
 class ShortLookup(RepeatLookup):
