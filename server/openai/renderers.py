@@ -26,7 +26,10 @@ from specdec_core.engine.provenance import TextPiece
 class Renderer(Protocol):
     """The endpoint-specific shapes; renderers may keep state across a stream's updates."""
 
-    tools: ToolUse | None  # the tools the request offers (None: none), whose calls the items hold
+    @property
+    def tools(self) -> ToolUse | None:
+        """The tools the request offers (None: none), whose calls the answer's items hold."""
+        ...
 
     def object_name(self, *, chunk: bool) -> str:
         """The envelope's ``object`` for a streamed chunk or a whole body."""

@@ -44,7 +44,7 @@ def check_config(file: GGUFFile, values: dict[str, Any], keys: dict[str, str]) -
             raise fail(target, "a positive integer", value)
     for target in _POSITIVE_REALS:
         value = values.get(target)
-        if target in values and (type(value) not in (int, float) or not 0 < value < math.inf):
+        if target in values and (not isinstance(value, (int, float)) or type(value) is bool or not 0 < value < math.inf):
             raise fail(target, "a positive finite number", value)
     if values.get("max_position_embeddings", 1) > MAX_CONTEXT:
         raise fail("max_position_embeddings", f"at most {MAX_CONTEXT} positions", values["max_position_embeddings"])

@@ -51,7 +51,7 @@ def check_tensor_table(cur: Cursor, metadata: dict[str, Any], raw: list[tuple[st
             raise cur.error(name, "each tensor name once in the tensor table", "it again")
         if ggml_type not in GGML_QUANT_SIZES:
             raise cur.error(f"{name} type", "a GGML tensor type the gguf package knows", ggml_type)
-        block, size = GGML_QUANT_SIZES[ggml_type]
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
         if min(dims) < 1:
             raise cur.error(f"{name} dimensions", "each at least 1", list(dims))
         if dims[0] % block:
