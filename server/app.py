@@ -106,12 +106,13 @@ async def _load_engine(state: ServerState, host: EngineHost, on_fatal: Callable[
     except Exception as exc:
         state.phase = Phase.FAILED
         state.load_error = f"{type(exc).__name__}: {exc}"
-        if isinstance(exc, ModelFileError):  # the user's file, not our fault: one line (it names the field), exit 2
+        malformed = isinstance(exc, ModelFileError)
+        if malformed:  # the user's file, not our fault: one line (it names the field), exit 2
             log.error("engine failed to load: the model file is malformed", error=str(exc))
         else:
             log.exception("engine failed to load")
         if on_fatal is not None:
-            on_fatal(MODEL_FILE_EXIT if isinstance(exc, ModelFileError) else 1)
+            on_fatal(MODEL_FILE_EXIT if malformed else 1)
         return
     if state.phase is not Phase.LOADING:  # shutdown began while loading; lifespan exit stops it
         return

@@ -10,7 +10,7 @@ The data flows one way: HTTP body -> schema -> ``SamplingParams`` -> engine -> d
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,10 +19,9 @@ from starlette.responses import Response
 
 from server.api import response_types as rt
 from server.generation.answer import answer_updates
+from server.generation.respond import respond_when_done, start_generation
 from server.generation.streaming import GenerationStream
-from server.generation.submission import Generation, Job, run_until_disconnect
-from server.http.jsonio import JSONResponse
-from server.http.request_log import request_id, request_log
+from server.generation.submission import Generation, Job
 from server.openai.bodies import envelope, system_fingerprint, usage
 from server.openai.renderers import Renderer
 from server.services.engine_host import EngineLike
@@ -94,23 +93,6 @@ class GenerationResponse:
         return await respond_when_done(self.generation, request, self.body)
 
 
-async def respond_when_done(
-    generation: Generation, request: Request, build_body: Callable[[], Mapping[str, Any]]
-) -> Response:
-    """The non-streamed answer: wait for every choice (closing the generation either way), then the
-    JSON body from ``build_body``. A client that went away gets 499; an engine failure is raised."""
-    try:
-        connected = await run_until_disconnect(generation, request.receive)
-    finally:
-        generation.close()
-    if not connected:
-        return Response(status_code=499)
-    failure = generation.failure()
-    if failure is not None:
-        raise failure
-    return JSONResponse(build_body())
-
-
 async def generate(
     request: Request,
     state: ServerState,
@@ -131,17 +113,3 @@ async def generate(
                                   arrival=arrival)
     response = GenerationResponse(generation, renderer, model, include_usage, system_fingerprint(state.settings))
     return await response.respond(request, stream=stream)
-
-
-def start_generation(
-    request: Request, state: ServerState, engine: EngineLike, jobs: list[Job], *, endpoint: str, id_prefix: str,
-    stream: bool, arrival: float,
-) -> Generation:
-    """Submit ``jobs`` as one logged generation (429/503/400 raised before any response starts).
-    The APIs whose answers are not choices (the Responses and Messages APIs) render it themselves,
-    through ``GenerationStream`` or ``respond_when_done``."""
-    fields = request_log(request)
-    fields.update(endpoint=endpoint, stream=stream)
-    generation = Generation(state, engine, f"{id_prefix}-{request_id(request)}", jobs, arrival=arrival, log_fields=fields)
-    generation.start()
-    return generation

@@ -18,9 +18,9 @@ from server.anthropic.render import MessageAnswer
 from server.anthropic.schemas import MessagesPrompt, MessagesRequest
 from server.anthropic.translate import chat_body, prompt_body
 from server.generation.output_items import new_id
+from server.generation.respond import respond_when_done, start_generation
 from server.generation.streaming import Framing, GenerationStream
 from server.http.jsonio import JSONResponse
-from server.openai.choices_response import respond_when_done, start_generation
 from server.routes.chat_jobs import ParamNames, chat_jobs, render_prompt, to_chat_request
 from server.routes.common import check_model, read_request, server_state
 

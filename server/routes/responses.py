@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from server.generation.output_items import OutputItem, new_id
+from server.generation.respond import respond_when_done, start_generation
 from server.generation.streaming import Framing, GenerationStream
 from server.http.errors import APIError, invalid_request
 from server.http.jsonio import JSONResponse, ascii_int
 from server.http.request_log import request_id
-from server.openai.choices_response import respond_when_done, start_generation
 from server.openai.responses_input import chat_body, chat_messages, conversation_of, listed_items
 from server.openai.responses_render import ResponseAnswer, conversation_items, head
 from server.openai.responses_tools import ResponsesTools
