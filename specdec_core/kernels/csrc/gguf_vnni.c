@@ -20,6 +20,7 @@
 #define X8_WIDTH 256
 #define X8_ROWS 8
 #define X8_SPLIT 2
+#define X8_DOT32 1
 
 #define dot_first(w, a) _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, a)
 #define dot(acc, w, a) _mm256_dpbusd_epi32(acc, w, a)

@@ -15,6 +15,7 @@
 #define X8_WIDTH 512
 #define X8_ROWS 8
 #define X8_SPLIT 2
+#define X8_DOT32 1
 
 #define dot_first(w, a) _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a)
 #define dot(acc, w, a) _mm512_dpbusd_epi32(acc, w, a)

@@ -13,6 +13,7 @@
 #define X8_WIDTH 256
 #define X8_ROWS 6
 #define X8_SPLIT 0
+#define X8_DOT32 0
 
 /* int16 scales of 8 columns, each twice (lanes 2c, 2c+1: vpmaddubsw's pairs of column c) */
 INLINE __m256i dup16(__m128i s16) { return _mm256_set_m128i(_mm_unpackhi_epi16(s16, s16), _mm_unpacklo_epi16(s16, s16)); }

@@ -16,6 +16,9 @@
  *   X8_SPLIT           tiles of up to this many rows keep two integer chains per row: VNNI's
  *                      vpdpbusd has a latency of several cycles, and one or two rows have too few
  *                      independent chains to hide it (0: never)
+ *   X8_DOT32           1 where the accumulator is int32 lanes (VNNI), which hold a whole sub-block's
+ *                      products, so a scale is applied once a sub-block; 0 where they are int16
+ *                      pairs (AVX2), which hold two steps (Q6_K)
  *   dot_first(w, a)    the products of unsigned bytes w and signed bytes a, as an accumulator
  *   dot(acc, w, a)     acc + dot_first(w, a)
  *   dot_add(x, y)      the sum of two accumulators
@@ -92,8 +95,9 @@ INLINE void q4k_tile(const uint8_t *w, const int64_t gb, int nb, const uint8_t *
     v_store(acc, R, out, ldo, ncols);
 }
 
-/* --- Q6_K (gguf_x8_q6k.c): per sub-block of 16 values, two steps (unsigned 6-bit q times int8,
- * |2 x 2 x 63 x 127| = 32004 in int16) at a time, then dot_apply with the 8 columns' scales; per
+/* --- Q6_K (gguf_x8_q6k.c): per sub-block of 16 values, its 4 steps in int32 (X8_DOT32) or two
+ * steps at a time in int16 (unsigned 6-bit q times int8, |2 x 2 x 63 x 127| = 32004), then
+ * dot_apply with the 8 columns' scales (the same exact integer either way); per
  * 32 values the -32 offset comes off exactly (32 sc times the activation's 16-value sums) and one
  * FMA folds the integer sums into the row's float accumulator with d * d32. */
 #define ACT_K(r) ((const act_k *)(act + (size_t)(r) * stride) + b)
@@ -124,6 +128,19 @@ INLINE void q6k_tile(const uint8_t *w, const int64_t gb, int nb, const uint8_t *
                 const vi b0 = w_load(x->q[s].b[0], gb);
                 const vi b1 = w_load(x->q[s].b[1], gb);
                 const vi q0 = v_and(b0, m3f), q1 = v_and(b1, m3f);
+#if X8_DOT32 /* int32 sums: the sub-block's 16 products in one chain, its scale applied once */
+                const vi b2 = w_load(x->q[s].b[2], gb);
+                const vi q2 = v_and(b2, m3f);
+                const vi q3 = v_or(v_or(v_and(v_srli16(b0, 6), m03), v_and(v_srli16(b1, 4), m0c)),
+                                   v_and(v_srli16(b2, 2), m30));
+                UNROLL
+                for (int r = 0; r < R; r++) {
+                    const int8_t *aq = ACT_K(r)->qs + 16 * s;
+                    const vi p = dot(dot(dot(dot_first(q0, v_bcast4(aq)), q1, v_bcast4(aq + 4)), q2, v_bcast4(aq + 8)),
+                                     q3, v_bcast4(aq + 12));
+                    isum[r] = h ? v_add32(isum[r], dot_apply(p, scale)) : dot_apply(p, scale);
+                }
+#else /* int16 sums: two steps at a time, each pair widened by its scale */
                 UNROLL
                 for (int r = 0; r < R; r++) {
                     const int8_t *aq = ACT_K(r)->qs + 16 * s;
@@ -140,6 +157,7 @@ INLINE void q6k_tile(const uint8_t *w, const int64_t gb, int nb, const uint8_t *
                     const vi p = dot(dot_first(q2, v_bcast4(aq)), q3, v_bcast4(aq + 4));
                     isum[r] = v_add32(isum[r], dot_apply(p, scale));
                 }
+#endif
             }
             /* lanes 2c, 2c+1: 32 sc[2t][c], 32 sc[2t+1][c], against the pair (bsum16[2t], bsum16[2t+1]) */
             const vi off = q6k_offsets(x->sc[2 * t], x->sc[2 * t + 1], gb);
