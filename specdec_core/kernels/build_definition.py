@@ -45,10 +45,17 @@ def hash_define(digest: str) -> str:
     return f'-DSD_SOURCES_HASH="{digest}"'
 
 
-def compile_command(compiler: str, output: Path, digest: str) -> list[str]:
+# A test build whose AMX tile products are emulated in C (csrc/amx_emulation.h), so that the AMX-INT8
+# set runs, slowly, on any CPU with AVX-512 VNNI; its source hash carries this suffix, so that step
+# costs timed with it are never taken for a real build's.
+AMX_EMULATION = ("-DSD_AMX_EMULATE",)
+AMX_EMULATION_SUFFIX = "+amx-emulation"
+
+
+def compile_command(compiler: str, output: Path, digest: str, defines: tuple[str, ...] = ()) -> list[str]:
     """The command that compiles the sources into the shared library ``output`` (``c_library``'s
-    first-use build)."""
-    return [compiler, *CFLAGS, hash_define(digest), "-o", str(output), *(str(CSRC / s) for s in SOURCES),
+    first-use build; with ``AMX_EMULATION``, the tests' emulation build)."""
+    return [compiler, *CFLAGS, *defines, hash_define(digest), "-o", str(output), *(str(CSRC / s) for s in SOURCES),
             *(f"-l{lib}" for lib in LIBRARIES)]
 
 

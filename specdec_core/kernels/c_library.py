@@ -49,6 +49,9 @@ KERNEL_SETS = ("amx-int8", "avx512-vnni", "avx2", "portable")
 # runs. Also read by clients/tools/gguf_kernel_ab.py, which binds builds of its own.
 KERNEL_SET_CODES = {"portable": 1, "avx2": 2, "avx512-vnni": 3, "amx-int8": 4}
 KERNELS_ENV = "SPECDEC_KERNELS"
+# A build of these sources to load instead of the installed one: how the tests run the AMX set's
+# emulation build (``build_definition.AMX_EMULATION``) on a CPU without AMX.
+LIBRARY_ENV = "SPECDEC_C_LIBRARY"
 # sd_cpu_features() bits (csrc/gguf_kernels.h): reported at start-up whether or not a kernel set uses them yet
 _CPU_FEATURES = {1: "avx2", 2: "avx512", 4: "avx512-vnni", 8: "amx-int8"}
 
@@ -155,7 +158,8 @@ def _one_numpy_blas_thread() -> None:
 
 
 def library() -> ctypes.CDLL:
-    """The loaded kernel library (built at install, else compiled once into the cache)."""
+    """The loaded kernel library (``SPECDEC_C_LIBRARY``'s, else the one built at install, else
+    compiled once into the cache)."""
     global _lib, _error
     with _lock:
         if _lib is None:
@@ -163,8 +167,10 @@ def library() -> ctypes.CDLL:
                 raise RuntimeError(_error)
             try:
                 lib = None
-                installed = _installed_extension()
-                if installed is not None:
+                installed = None if os.environ.get(LIBRARY_ENV) else _installed_extension()
+                if os.environ.get(LIBRARY_ENV):
+                    lib = ctypes.CDLL(os.environ[LIBRARY_ENV])
+                elif installed is not None:
                     lib = ctypes.CDLL(str(installed))
                     if CSRC.is_dir() and _built_from(lib) != sources_hash():
                         lib = None  # built from older sources (an editable install): compile afresh

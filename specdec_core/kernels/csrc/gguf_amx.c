@@ -30,6 +30,9 @@
 #include <string.h>
 
 #include "gguf_kernels.h"
+#ifdef SD_AMX_EMULATE
+#include "amx_emulation.h" /* tile products in plain C, for tests on CPUs without AMX */
+#endif
 
 #include "gguf_x8_common.h"
 #include "gguf_x8_layouts.h"
