@@ -20,10 +20,11 @@
  * correction term.
  *
  * The same bits as the VNNI and AVX2 tiles (gguf_x8_tiles.h): the integer sums are exact on every
- * set, and each output goes through the same float operations in the same order. Two float
- * operations differ in form only: an exact integer product (a sum times its column's scale) is
- * made as a float product, which is exact too because it stays below 2^24 (Q4_K: 60960 x 63;
- * Q6_K: 65024 x 128, and the sum of its two sub-blocks' products, < 16,777,216). */
+ * set, and each output goes through the same float operations in the same order. Q6_K's differ
+ * in form only: an exact integer product (a sum times its column's scale) is made as a float
+ * product, which is exact too because it stays below 2^24 (65024 x 128, and the sum of its two
+ * sub-blocks' products, < 16,777,216). Their exactness is tested on CPUs without AMX too, with the
+ * tile products emulated (amx_emulation.h). */
 #if defined(__x86_64__) || defined(__i386__)
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,amx-tile,amx-int8")
 #include <immintrin.h>
@@ -105,7 +106,7 @@ static void configure(int a_bytes, int b_rows, int b_bytes, int c_bytes, int b_t
  * reads its operands from memory and writes its sums there; interleaved with the vector work of
  * the same sub-block, each step waited for the stores before it): the 8 sub-blocks' weights
  * unpacked; then for each tile of 16 rows, one tile product a sub-block and per row
- * acc += (sum x sc) x (d x d32) (gguf_x8_tiles.h's q4k_tile), and the mins. */
+ * acc += sum x ((d x sc) x d32) (gguf_x8_tiles.h's q4k_tile), and the mins. */
 static void amx_q4k(const uint8_t *w, int64_t gb, int nb, const uint8_t *act, size_t stride, int n_rows,
                     float *out, size_t ldo, int ncols) {
     _Alignas(64) uint8_t wbuf[8][8 * 64];
@@ -131,13 +132,13 @@ static void amx_q4k(const uint8_t *w, int64_t gb, int nb, const uint8_t *act, si
             SUB_BLOCK_PRODUCTS(8, 32, dpbsud);
             if (tiles > 1 || b == 0) load_rows(acc, R, ot, ldo, ncols, b == 0);
             for (int s = 0; s < 8; s++) {
-                const __m512 sc = v_cvt(w_u8_to32(x->sc[s], gb));
+                const __m512 scale = _mm512_mul_ps(d, v_cvt(w_u8_to32(x->sc[s], gb))); /* d x sc: exact */
                 UNROLL16
                 for (int r = 0; r < TILE_ROWS; r++) {
                     if (r >= R) break;
                     const float da = ((const act_k *)(at + r * stride) + b)->d32[s];
-                    const __m512 isum = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[s] + 16 * r)), sc);
-                    acc[r] = _mm512_fmadd_ps(isum, _mm512_mul_ps(d, _mm512_set1_ps(da)), acc[r]);
+                    const __m512 sum = _mm512_cvtepi32_ps(_mm512_load_si512(sums[s] + 16 * r));
+                    acc[r] = _mm512_fmadd_ps(sum, _mm512_mul_ps(scale, _mm512_set1_ps(da)), acc[r]);
                 }
             }
             UNROLL16

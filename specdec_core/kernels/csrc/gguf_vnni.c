@@ -27,7 +27,6 @@
 #define dot_add(x, y) _mm256_add_epi32(x, y)
 #define dot_to32(acc) (acc)
 #define dot_acc32(i, w, a) _mm256_dpbusd_epi32(i, w, a)
-#define dot_scale_u8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
 #define dot_scale_i8(p) _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
 #define dot_apply(acc, s) _mm256_mullo_epi32(acc, s)
 #define X8_GROUP_FN sd_vnni_x8_group

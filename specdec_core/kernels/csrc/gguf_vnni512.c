@@ -20,7 +20,7 @@
 #define dot_first(w, a) _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a)
 #define dot(acc, w, a) _mm512_dpbusd_epi32(acc, w, a)
 #define dot_add(x, y) _mm512_add_epi32(x, y)
-#define dot_scale_u8(p) w_u8_to32(p, gb)
+#define dot_to32(acc) (acc)
 #define dot_scale_i8(p) w_i8_to32(p, gb)
 #define dot_apply(acc, s) _mm512_mullo_epi32(acc, s)
 #define X8_GROUP_FN sd_vnni512_x8_pair

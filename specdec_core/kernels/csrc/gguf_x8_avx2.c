@@ -23,7 +23,6 @@ INLINE __m256i dup16(__m128i s16) { return _mm256_set_m128i(_mm_unpackhi_epi16(s
 #define dot_add(x, y) _mm256_add_epi16(x, y)
 #define dot_to32(acc) _mm256_madd_epi16(acc, _mm256_set1_epi16(1))
 #define dot_acc32(i, w, a) _mm256_add_epi32(i, dot_to32(dot_first(w, a)))
-#define dot_scale_u8(p) dup16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(p))))
 #define dot_scale_i8(p) dup16(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(p))))
 #define dot_apply(acc, s) _mm256_madd_epi16(acc, s)
 #define X8_GROUP_FN sd_avx2_x8_group

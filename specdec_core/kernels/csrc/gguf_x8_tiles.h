@@ -22,11 +22,11 @@
  *   dot_first(w, a)    the products of unsigned bytes w and signed bytes a, as an accumulator
  *   dot(acc, w, a)     acc + dot_first(w, a)
  *   dot_add(x, y)      the sum of two accumulators
- *   dot_to32(acc)      the accumulator as 8 int32 column sums
- *   dot_acc32(i, w, a) int32 column sums i + the products
- *   dot_scale_u8(p), dot_scale_i8(p)  the columns' unsigned / signed byte scales, as dot_apply
- *                      takes them (at 512 bits, 8 at p and 8 at p + gb)
- *   dot_apply(acc, s)  8 int32 column sums, each times its column's scale
+ *   dot_to32(acc)      the accumulator as int32 column sums
+ *   dot_acc32(i, w, a) int32 column sums i + the products (256 bits)
+ *   dot_scale_i8(p)    the columns' signed byte scales (Q6_K), as dot_apply takes them (at 512
+ *                      bits, 8 at p and 8 at p + gb)
+ *   dot_apply(acc, s)  int32 column sums, each times its column's scale
  *   X8_GROUP_FN        the name of the function that returns the group_fn (pair_fn) of a type
  */
 #include "gguf_x8_common.h"
@@ -35,8 +35,10 @@
 
 
 /* --- Q4_K (gguf_x8.c): within a 32-value sub-block the 8 steps sum to at most |8 x 2 x 15 x 127|
- * = 30480 in int16; dot_apply applies the 8 columns' sub-block scales, one FMA the sub-block's
- * activation scale. */
+ * = 30480 in int16 (60960 in int32 lanes). The fold per row is a convert, a multiply and an FMA:
+ * acc += sum x ((d x sc) x d32), where d x sc, the columns' weight scale times their sub-block
+ * scale, is made once a sub-block for all rows (sc applied to each row's integer sum instead, a
+ * vpmulld on VNNI, cost one more instruction a row). */
 INLINE void q4k_tile(const uint8_t *w, const int64_t gb, int nb, const uint8_t *act, size_t stride, const int R,
                      float *out, size_t ldo, int ncols) {
     const vi m4 = v_set1_8(0x0F);
@@ -55,7 +57,8 @@ INLINE void q4k_tile(const uint8_t *w, const int64_t gb, int nb, const uint8_t *
                 w_prefetch(pf + 64, gb);
                 w_prefetch(pf + 128, gb);
             }
-            const vi scale = dot_scale_u8(x->sc[s]);
+            /* d x sc, made once for all rows: exact in float (an 11-bit significand x 6 bits) */
+            const vf scale = v_mul(d, v_cvt(w_u8_to32(x->sc[s], gb)));
             vi lo_sum[X8_ROWS], hi_sum[X8_ROWS];
             UNROLL
             for (int r = 0; r < R; r++) lo_sum[r] = hi_sum[r] = v_zero_i();
@@ -77,7 +80,7 @@ INLINE void q4k_tile(const uint8_t *w, const int64_t gb, int nb, const uint8_t *
             for (int r = 0; r < R; r++) {
                 const float da = ((const act_k *)(act + r * stride) + b)->d32[s];
                 const vi sum = split ? dot_add(lo_sum[r], hi_sum[r]) : lo_sum[r];
-                acc[r] = v_fmadd(v_cvt(dot_apply(sum, scale)), v_mul(d, v_set1_f(da)), acc[r]);
+                acc[r] = v_fmadd(v_cvt(dot_to32(sum)), v_mul(scale, v_set1_f(da)), acc[r]);
             }
         }
         UNROLL
