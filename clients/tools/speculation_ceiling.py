@@ -98,11 +98,14 @@ def cost_table(path: Path | None, row_cost: float) -> StepCostModel:
     if path is not None:
         t = json.loads(path.read_text())["target"]
         sizes, seconds, per_context, context = t["sizes"], t["seconds"], t["per_context"], t["context"]
+        per_request, grid_requests = t.get("per_request_context", 0.0), t.get("grid_requests", 0)
     else:
         sizes, ms = MEASURED_ROWS
         seconds, per_context, context = [s / 1000 for s in ms], MEASURED_PER_CONTEXT, MEASURED_CONTEXT
+        per_request, grid_requests = 0.0, 0
     seconds = [seconds[0] + row_cost * (s - seconds[0]) for s in seconds]
-    return StepCostModel(CostTable(list(sizes), seconds, per_context, context), None)
+    return StepCostModel(CostTable(list(sizes), seconds, per_context, context, per_request_context=per_request,
+                                   grid_requests=grid_requests), None)
 
 
 class Chooser:
@@ -142,7 +145,7 @@ class Oracle(Chooser):
         return [(ScheduledRequest(req, 1, len(best[2]), best[1]), DraftTree.chain(best[2]))]
 
     def _cost(self, rows: int, context: int) -> float:
-        return self.costs.target(rows, frozen=True, context_tokens=rows * context)
+        return self.costs.target(rows, frozen=True, context_tokens=rows * context, request_context=context)
 
 
 def replay(requests: list[tuple[list[int], list[int]]], method: str, costs: StepCostModel, cap: int,
@@ -182,7 +185,8 @@ def _run(requests: list[tuple[list[int], list[int]]], method: str, costs: StepCo
         passes = chooser.choose([(req, out[len(req.output_ids):]) for req, out in running])
         rows = sum(1 + len(drafts) for _, drafts in passes)
         result.seconds += costs.target(rows, frozen=True, context_tokens=sum(
-            (1 + len(drafts)) * it.request.num_computed for it, drafts in passes))
+            (1 + len(drafts)) * it.request.num_computed for it, drafts in passes),
+            request_context=sum(it.request.num_computed for it, _ in passes))
         for (req, out), (it, drafts) in zip(running, passes):
             truth = out[len(req.output_ids):]
             kept = kept_path(drafts, truth)

@@ -106,7 +106,7 @@ class Calibration:
         self.tables = _tables(self.blocks, target.cache.block_size, max_seqs, self.bench.context + max_tokens_per_seq)
         self.shapes = _shapes(target, draft, self.tables, max_tokens_per_seq, self.bench.context)
         self.timed: dict[str, dict[int, float]] = {"target": {}, "draft": {}}
-        self.per_context: dict[str, float] = {}
+        self.per_context: dict[str, tuple[float, float]] = {}  # role: (a row's, a request's) per cached token
         self.spent = 0.0  # seconds of its own forwards: what the budget counts
         self.result: StepCostModel | None = None
         self._forwards = self._run()
@@ -180,34 +180,38 @@ class Calibration:
                     value = max(_extrapolate(self.timed[role], n), floor)
                 floor = max(floor, value)
                 seconds.append(value)
-            per_context = self.per_context.get(role, 0.0)
+            per_row, per_request = self.per_context.get(role, (0.0, 0.0))
             fills = self.bench.prefills.get(id(runner))
             if fills and self.bench.context > sizes[-1]:
                 # its rows had 0 .. context-1 cached tokens; a table's rows have ``context`` each
                 sizes.append(self.bench.context)
-                seconds.append(min(fills) + per_context * self.bench.context * (self.bench.context + 1) / 2)
-            return CostTable(sizes, seconds, per_context, self.bench.context)
+                seconds.append(min(fills) + per_row * self.bench.context * (self.bench.context + 1) / 2)
+            return CostTable(sizes, seconds, per_row, self.bench.context, per_request_context=per_request,
+                             grid_requests=len(self.tables))
 
         return StepCostModel(table("target", self.target),
                              table("draft", self.draft) if self.draft is not None else None)
 
 
 def _per_context(runner: ModelRunner, rows: int, short: int, max_len: int, repeats: int,
-                 blocks: list[int]) -> Generator[None, None, float]:
-    """Seconds each cached token adds to each row: one request of ``rows`` tokens (a verify
-    step's, or one draft row) timed at ``short`` and at ``LONG_CONTEXT`` cached tokens (a yield
-    after each forward). The keys are whatever the first of ``blocks`` hold (their values do not
-    change the work), so the long context costs no prefill: two more shapes, ~2 s for the default
-    pair."""
+                 blocks: list[int]) -> Generator[None, None, tuple[float, float]]:
+    """Seconds each cached token adds to each row, and to each request once (``CostTable``): one
+    request of 1 token and one of ``rows`` tokens (a verify step's; a draft forward has 1 a
+    request), each timed at ``short`` and at ``LONG_CONTEXT`` cached tokens (a yield after each
+    forward). A request's rows share its key reads, so 1 row costs a + b a cached token and
+    ``rows`` rows a + rows x b. The keys are whatever the first of ``blocks`` hold (their values
+    do not change the work), so the long context costs no prefill: four more shapes (two for one
+    row a request), ~3 s for the default pair."""
     bs = runner.cache.block_size
     long = min(LONG_CONTEXT, max_len - rows - 1, len(blocks) * bs - rows)
     if long - short < MIN_CONTEXT_SPAN:
-        return 0.0
+        return 0.0, 0.0
     table = blocks[:blocks_for(long + rows, bs)]
-    shapes = [[ForwardItem(table, context, [1] * rows, rows, num_drafts=rows - 1)] for context in (short, long)]
+    counts = sorted({1, rows})
+    shapes = [[ForwardItem(table, context, [1] * n, n, num_drafts=n - 1)] for n in counts for context in (short, long)]
     # Interleaved, as the grid's rounds: the term is a difference of two timings (back to back,
     # the same draft row gave +0.00 and +4.83 ms per 1K in two calibrations a minute apart).
-    best = [float("inf")] * 2
+    best = [float("inf")] * len(shapes)
     for items in shapes:
         runner.forward(items)
         yield
@@ -215,7 +219,12 @@ def _per_context(runner: ModelRunner, rows: int, short: int, max_len: int, repea
         for i, items in enumerate(shapes):
             best[i] = min(best[i], _seconds(runner, items))
             yield
-    return max((best[1] - best[0]) / (rows * (long - short)), 0.0)
+    one = max((best[1] - best[0]) / (long - short), 0.0)  # a + b
+    if rows == 1:
+        return one, 0.0
+    many = max((best[3] - best[2]) / (long - short), 0.0)  # a + rows x b
+    per_row = min(max((many - one) / (rows - 1), 0.0), many / rows)
+    return per_row, max(one - per_row, 0.0)
 
 
 def _extrapolate(timed: dict[int, float], n: int) -> float:

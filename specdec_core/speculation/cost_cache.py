@@ -41,8 +41,10 @@ log = logging.getLogger("specdec.step_costs")
 # 3: and the cost of a row's cached tokens (``CostTable.per_context``);
 # 4: and a prefill point at the end of each table (``calibration``: what a draft catch-up costs);
 #    a table may also carry its sizes' ``correction``, added without a new format: a file without it
-#    reads as 1 each
-FORMAT = 4
+#    reads as 1 each;
+# 5: and the cost of a request's cached tokens, once whatever its rows (``per_request_context``),
+#    with the most requests a grid point was timed with (``grid_requests``)
+FORMAT = 5
 SAVE_INTERVAL_S = 60.0
 
 
@@ -126,12 +128,14 @@ class CostCache:
 
 def _table(data: dict[str, Any]) -> CostTable:
     return CostTable(list(data["sizes"]), [float(s) for s in data["seconds"]], float(data["per_context"]),
-                     int(data["context"]), [float(c) for c in data.get("correction") or []])
+                     int(data["context"]), [float(c) for c in data.get("correction") or []],
+                     float(data["per_request_context"]), int(data["grid_requests"]))
 
 
 def _valid(table: CostTable) -> bool:
     return (bool(table.sizes) and len(table.sizes) == len(table.seconds) and table.sizes == sorted(set(table.sizes))
             and all(s > 0 for s in table.seconds) and table.per_context >= 0 and table.context >= 0
+            and table.per_request_context >= 0 and table.grid_requests >= 0
             and len(table.correction) == len(table.sizes)
             and all(1 / SHAPE_BOUND <= c <= SHAPE_BOUND for c in table.correction))
 
@@ -141,7 +145,8 @@ def _snapshot(key: dict[str, Any], costs: StepCostModel) -> dict[str, Any]:
         if t is None:
             return None
         return {"sizes": list(t.sizes), "seconds": list(t.seconds), "per_context": t.per_context, "context": t.context,
-                "correction": list(t.correction)}
+                "correction": list(t.correction), "per_request_context": t.per_request_context,
+                "grid_requests": t.grid_requests}
 
     return {"format": FORMAT, "key": key, "observed_steps": costs.observed_steps,
             "target": table(costs.live_target), "draft": table(costs.live_draft)}

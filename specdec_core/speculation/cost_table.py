@@ -52,17 +52,27 @@ def non_decreasing(values: list[float]) -> list[float]:
 
 @dataclass
 class CostTable:
-    """Seconds of one forward at grid sizes, each row with ``context`` cached tokens; linear between
-    points, linear past the last one. ``per_context``: what every cached token a row has beyond
-    ``context`` adds (each row attends to its own keys: at the agentic workload's 2-3K tokens a
-    row reads 20x the keys it read at calibration). ``correction``: each size's factor on top of
-    ``seconds`` (empty: 1 each)."""
+    """Seconds of one forward at grid sizes, each row a request of its own with ``context`` cached
+    tokens (as the grid is timed); linear between points, linear past the last one.
+
+    A step's cached tokens cost twice over (at the agentic workload's 2-3K tokens a row attends to
+    20x the keys it had at calibration): ``per_context``, what every cached token adds to each row
+    (its own scores and values), and ``per_request_context``, what every cached token adds to each
+    request once, whatever its rows (its keys read: the rows of a request, a verify step's known
+    token and drafts, are attended together and read each key tile once). So a request's drafts
+    cost their rows' work, not more reads; priced per row, as one term, a draft row at 2K tokens
+    cost ~1.7x what it does (AMD EPYC Zen 4, the 1.5B: 1 row +4.2 us a cached token, 5 rows of
+    one request +7.5 us). ``correction``: each size's factor on top of ``seconds`` (empty: 1 each)."""
 
     sizes: list[int]
     seconds: list[float]
     per_context: float = 0.0
     context: int = 0
     correction: list[float] = field(default_factory=list)
+    per_request_context: float = 0.0
+    # The most requests a grid point was timed with (0: as many as its rows); past it, a point's
+    # rows were laid out as drafts of that many requests (``calibration._shapes``).
+    grid_requests: int = 0
     _points: list[float] = field(init=False, repr=False, compare=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -77,13 +87,21 @@ class CostTable:
     def _update(self) -> None:
         self._points = non_decreasing([s * c for s, c in zip(self.seconds, self.correction)])
 
-    def __call__(self, n: float, context_tokens: float | None = None, corrected: bool = True) -> float:
-        """``n`` rows whose cached tokens add up to ``context_tokens`` (None: ``context`` each);
-        ``corrected=False``: the measured shape at the level, without the sizes' corrections."""
+    def __call__(self, n: float, context_tokens: float | None = None, corrected: bool = True,
+                 request_context: float | None = None) -> float:
+        """``n`` rows whose cached tokens add up to ``context_tokens`` (None: ``context`` each),
+        from requests whose cached tokens add up to ``request_context`` (None: every row a request
+        of its own, as the grid was timed); ``corrected=False``: the measured shape at the level,
+        without the sizes' corrections."""
         base = self._interpolate(self._points if corrected else self.seconds, n)
         if context_tokens is None:
             return base
-        return max(base + self.per_context * (context_tokens - n * self.context), 0.0)
+        more = self.per_context * (context_tokens - n * self.context)
+        if self.per_request_context:
+            timed_with = min(n, self.grid_requests) if self.grid_requests else n
+            requests = context_tokens if request_context is None else request_context
+            more += self.per_request_context * (requests - timed_with * self.context)
+        return max(base + more, 0.0)
 
     def _interpolate(self, secs: list[float], n: float) -> float:
         sizes = self.sizes
@@ -97,7 +115,8 @@ class CostTable:
         return secs[lo] + slope * (n - sizes[lo])
 
     def copy(self) -> "CostTable":
-        return CostTable(list(self.sizes), list(self.seconds), self.per_context, self.context, list(self.correction))
+        return CostTable(list(self.sizes), list(self.seconds), self.per_context, self.context, list(self.correction),
+                         self.per_request_context, self.grid_requests)
 
     def rescale(self, ratio: float) -> None:
         """A real forward cost ``ratio`` times what the measured shape at the level says: move
@@ -108,13 +127,15 @@ class CostTable:
         self._move_level(_bounded(ratio))
         self._update()
 
-    def observe(self, n: float, seconds: float, context_tokens: float | None = None) -> bool:
+    def observe(self, n: float, seconds: float, context_tokens: float | None = None,
+                request_context: float | None = None) -> bool:
         """A real forward of ``n`` rows took ``seconds``: the level learns from the uncorrected
         shape, so it is the traffic's average and a slower machine is the level's to learn, not
         the correction of the one size that happens to run (every other size would look cheap);
         then the sizes around ``n`` learn what is left. False where the table predicts nothing
         to compare with."""
-        level, predicted = self(n, context_tokens, corrected=False), self(n, context_tokens)
+        level = self(n, context_tokens, corrected=False, request_context=request_context)
+        predicted = self(n, context_tokens, request_context=request_context)
         if level <= 0 or predicted <= 0 or seconds <= 0:
             return False
         factor = self._move_level(_bounded(seconds / level))
@@ -126,6 +147,7 @@ class CostTable:
         factor = 1.0 + (1.0 - SCALE_DECAY) * (ratio - 1.0)
         self.seconds = [s * factor for s in self.seconds]
         self.per_context *= factor
+        self.per_request_context *= factor
         return factor
 
     def _correct(self, n: float, ratio: float) -> None:

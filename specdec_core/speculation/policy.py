@@ -186,7 +186,8 @@ class SpeculationPolicy:
 
     def _solo_rate(self, source: Source, expected: list[float], k: int, context: int) -> float:
         draft = k * self.costs.draft(1, frozen=True, context_tokens=context) if source == "draft" else 0.0
-        return expected[k] / (self.costs.target(1 + k, frozen=True, context_tokens=(1 + k) * context) + draft)
+        target = self.costs.target(1 + k, frozen=True, context_tokens=(1 + k) * context, request_context=context)
+        return expected[k] / (target + draft)
 
     def _probe_due(self, c: _Choice) -> bool:
         """A draft model that does not pay for a request keeps learning: one draft every
@@ -244,16 +245,17 @@ class SpeculationPolicy:
         have been all zeros."""
         gain_max = max(c.expected[1] - 1 for c in free)
         least_context = min(c.context for c in free)
-        tokens, rows, context = _verify_totals(choices)
+        tokens, rows, context, requests = _verify_totals(choices)
         for extra in range(1, sum(c.cap for c in free) + 1):
-            seconds = self.costs.target(rows + extra, context_tokens=context + extra * least_context)
+            seconds = self.costs.target(rows + extra, context_tokens=context + extra * least_context,
+                                        request_context=requests)
             if seconds <= 0 or (tokens + extra * gain_max) / seconds > rate * (1 + 1e-9):
                 return True
         return False
 
     def _rate(self, choices: list[_Choice]) -> float:
-        tokens, rows, context = _verify_totals(choices)
-        seconds = self.costs.target(rows, context_tokens=context)
+        tokens, rows, context, requests = _verify_totals(choices)
+        seconds = self.costs.target(rows, context_tokens=context, request_context=requests)
         depth = max((c.k for c in choices if c.source == "draft"), default=0)
         for j in range(1, depth + 1):
             # The first draft forward also catches up lagging draft caches (counted as rows).
@@ -264,10 +266,11 @@ class SpeculationPolicy:
         return tokens / seconds if seconds > 0 else 0.0
 
 
-def _verify_totals(choices: list[_Choice]) -> tuple[float, int, int]:
-    """The step's expected committed tokens, its verified rows and their cached tokens in all."""
+def _verify_totals(choices: list[_Choice]) -> tuple[float, int, int, int]:
+    """The step's expected committed tokens, its verified rows, their cached tokens in all, and
+    its requests' cached tokens (once a request: its rows read its keys together)."""
     return (sum(c.expected[c.k] for c in choices), sum(1 + c.k for c in choices),
-            sum((1 + c.k) * c.context for c in choices))
+            sum((1 + c.k) * c.context for c in choices), sum(c.context for c in choices))
 
 
 def _geometric(alpha: float, cap: int) -> list[float]:

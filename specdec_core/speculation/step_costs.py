@@ -47,18 +47,21 @@ class StepCostModel:
         self.target_table, self.draft_table, self.observed_steps = measured.target_table, measured.draft_table, 0
         self.__post_init__()
 
-    def target(self, n: int, frozen: bool = False, context_tokens: float | None = None) -> float:
-        """A decode step feeding ``n`` tokens whose rows' cached tokens add up to ``context_tokens``."""
-        return (self.target_table if frozen else self.live_target)(n, context_tokens)
+    def target(self, n: int, frozen: bool = False, context_tokens: float | None = None,
+               request_context: float | None = None) -> float:
+        """A decode step feeding ``n`` tokens whose rows' cached tokens add up to ``context_tokens``
+        and its requests' (each counted once, whatever its rows) to ``request_context``."""
+        return (self.target_table if frozen else self.live_target)(n, context_tokens, request_context=request_context)
 
     def draft(self, n: float, frozen: bool = False, context_tokens: float | None = None) -> float:
         """One draft forward of ``n`` requests with ``context_tokens`` cached tokens in all."""
         table = self.draft_table if frozen else self.live_draft
         return table(n, context_tokens) if table is not None else 0.0
 
-    def observe_target(self, n: int, seconds: float, context_tokens: float | None = None) -> None:
+    def observe_target(self, n: int, seconds: float, context_tokens: float | None = None,
+                       request_context: float | None = None) -> None:
         """A real decode step scored ``n`` tokens in ``seconds``: move the live table toward it."""
-        if self.live_target.observe(n, seconds, context_tokens):
+        if self.live_target.observe(n, seconds, context_tokens, request_context):
             self.observed_steps += 1
 
     def observe_draft(self, forwards: list[tuple[int, float]], seconds: float) -> None:
@@ -73,8 +76,11 @@ class StepCostModel:
     def describe(self, live: bool = False) -> str:
         def row(table: CostTable) -> str:
             points = " ".join(f"{n}:{s * 1e3:.1f}" for n, s in zip(table.sizes, table.seconds))
-            return (f"{{{points}}} at {table.context} cached tokens a row, "
+            text = (f"{{{points}}} at {table.context} cached tokens a row, "
                     f"+{table.per_context * 1024 * 1e3:.2f} ms a row per 1K more")
+            if table.per_request_context:
+                text += f" and +{table.per_request_context * 1024 * 1e3:.2f} ms a request"
+            return text
 
         target, draft = (self.live_target, self.live_draft) if live else (self.target_table, self.draft_table)
         text = f"target ms by tokens {row(target)}"
@@ -95,7 +101,8 @@ def observe_step(costs: StepCostModel, items: ScheduledItems, draft_s: float, ta
     if any(it.num_new != 1 for it in items):
         return
     costs.observe_target(sum(1 + it.num_drafts for it in items), target_s,
-                         sum((1 + it.num_drafts) * it.request.num_computed for it in items))
+                         sum((1 + it.num_drafts) * it.request.num_computed for it in items),
+                         sum(it.request.num_computed for it in items))
     drafting = [it for it in items if it.source == "draft"]
     depth = max((it.num_drafts for it in drafting), default=0)
     # A draft cache that lagged (the request used n-gram lookups meanwhile) is caught up in

@@ -170,26 +170,38 @@ def test_the_first_calibration_keeps_to_its_budget(pair, caplog) -> None:
 
 
 def test_the_calibration_times_what_a_rows_cached_tokens_cost(pair, monkeypatch) -> None:
-    """One verify step of a request and one draft row, timed at the calibration's context and at
-    ``LONG_CONTEXT``: the difference per row and token is the table's ``per_context``. The timing
-    here is a function of the shape (what matters is which shapes are timed and the arithmetic)."""
+    """A request of one token and one of a verify step's tokens (and one draft row), timed at the
+    calibration's context and at ``LONG_CONTEXT``: what a cached token adds to each row is the
+    table's ``per_context``, what it adds to each request once (its keys read for all its rows)
+    ``per_request_context``. The timing here is a function of the shape (what matters is which
+    shapes are timed and the arithmetic)."""
     from specdec_core.speculation import calibration
 
     per_token = {"target": 3e-6, "draft": 1e-6}
+    per_request = {"target": 5e-6, "draft": 2e-6}
 
     def fake_seconds(runner, items):
         role = "target" if runner is target else "draft"
-        return sum(len(it.tokens) * (0.01 + per_token[role] * it.start) for it in items)
+        return sum(len(it.tokens) * (0.01 + per_token[role] * it.start) + per_request[role] * it.start for it in items)
 
     target = slot_runner(pair[0].model, 2, 4096, vocab_size=49152)
     draft = slot_runner(pair[1].model, 2, 4096, vocab_size=49152)
     monkeypatch.setattr(calibration, "_seconds", fake_seconds)
     costs = calibrate(target, draft, 2, 3, 4096, repeats=1)
     assert costs.target_table.per_context == pytest.approx(3e-6)
-    assert costs.draft_table is not None and costs.draft_table.per_context == pytest.approx(1e-6)
+    assert costs.target_table.per_request_context == pytest.approx(5e-6)
+    assert costs.target_table.grid_requests == 2
+    # a draft forward has one row a request: its slope is one term
+    assert costs.draft_table is not None and costs.draft_table.per_context == pytest.approx(3e-6)
+    assert costs.draft_table.per_request_context == 0.0
     assert costs.target_table.context == costs.draft_table.context == calibration.CALIBRATION_CONTEXT
-    # 3 rows of a request with 2,000 cached tokens, against 3 at the calibration's 128
-    assert costs.target(3, context_tokens=3 * 2000) - costs.target(3) == pytest.approx(3 * 1872 * 3e-6)
+    # 3 rows of one request with 2,000 cached tokens, against 3 at the calibration's 128 (timed as
+    # two requests, the grid's most: the third row a draft of one of them)
+    assert (costs.target(3, context_tokens=3 * 2000, request_context=2000) - costs.target(3)
+            == pytest.approx(3 * 1872 * 3e-6 + (2000 - 2 * 128) * 5e-6))
+    # the same rows as their own requests (no request_context): every row reads its keys
+    assert costs.target(2, context_tokens=2 * 2000) - costs.target(2) == pytest.approx(2 * 1872 * 8e-6)
+    assert "+5.12 ms a request" in costs.describe()
     # where the model is too short for a second context, the term is 0
     short = calibrate(slot_runner(pair[0].model, 2, 160, vocab_size=49152), None, 2, 3, 160, repeats=1)
     assert short.target_table.per_context == 0.0

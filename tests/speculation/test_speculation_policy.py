@@ -150,6 +150,37 @@ def test_long_contexts_make_rows_dearer_and_the_choice_follows():
     assert rate(k_long) == pytest.approx(max(rate(k) for k in range(5)), rel=1e-9)
 
 
+def test_a_requests_drafts_share_its_key_reads_so_long_contexts_still_pay_for_them():
+    """A request's rows read its keys once (``CostTable.per_request_context``); each row adds only
+    its own work on them. Priced so, at 3,000 cached tokens a request drafts more than where the
+    same slope is charged to every row (only its first row pays the reads); at four streams the
+    reads are every request's, drafts or not, so they price no draft either. Each choice is the
+    best under its costs (exhaustive search)."""
+    grid = ([1, 2, 5, 16, 80], [54.0, 55.0, 57.7, 101.6, 445.0])
+    shared = StepCostModel(CostTable(*grid, per_context=2.0 / 1024, context=128, per_request_context=9.0 / 1024), None)
+    per_row = StepCostModel(CostTable(*grid, per_context=11.0 / 1024, context=128), None)
+    short, long = request(0.6, source="ngram", context=128), request(0.6, source="ngram", context=3000)
+    assert plan([short], shared, "ngram") == plan([short], per_row, "ngram") == [4]
+    [k_shared], [k_row] = plan([long], shared, "ngram"), plan([long], per_row, "ngram")
+    assert k_row < k_shared
+
+    alpha = long.alpha("ngram")  # the request's confident estimate, as the policy reads it
+
+    def rate(k: int) -> float:
+        return expected_tokens(alpha, k) / shared.target(1 + k, context_tokens=(1 + k) * 3000, request_context=3000)
+
+    assert rate(k_shared) == pytest.approx(max(rate(k) for k in range(5)), rel=1e-9)
+    four = [request(0.6, source="ngram", context=3000) for _ in range(4)]
+    ks = plan(four, shared, "ngram")
+
+    def batch_rate(k: int) -> float:
+        return 4 * expected_tokens(alpha, k) / shared.target(4 * (1 + k), context_tokens=4 * (1 + k) * 3000,
+                                                             request_context=4 * 3000)
+
+    assert len(set(ks)) == 1 and ks[0] > 0
+    assert batch_rate(ks[0]) == pytest.approx(max(batch_rate(k) for k in range(5)), rel=1e-9)
+
+
 def test_a_seeded_sampled_request_gets_the_same_k_whatever_else_runs():
     seeded = request(0.8, seed=7, temperature=0.8)
     alone = plan([seeded])
