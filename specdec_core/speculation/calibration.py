@@ -196,8 +196,8 @@ class Calibration:
 def _per_context(runner: ModelRunner, rows: int, short: int, max_len: int, repeats: int,
                  blocks: list[int]) -> Generator[None, None, tuple[float, float]]:
     """Seconds each cached token adds to each row, and to each request once (``CostTable``): one
-    request of 1 token and one of ``rows`` tokens (a verify step's; a draft forward has 1 a
-    request), each timed at ``short`` and at ``LONG_CONTEXT`` cached tokens (a yield after each
+    request of 1 token and one of ``rows`` tokens (a verify step's; a draft forward has one row
+    per request), each timed at ``short`` and at ``LONG_CONTEXT`` cached tokens (a yield after each
     forward). A request's rows share its key reads, so 1 row costs a + b a cached token and
     ``rows`` rows a + rows x b. The keys are whatever the first of ``blocks`` hold (their values
     do not change the work), so the long context costs no prefill: four more shapes (two for one

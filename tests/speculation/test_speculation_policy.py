@@ -13,7 +13,7 @@ from specdec_core.engine.request import Request
 from specdec_core.speculation.acceptance import expected_tokens
 from specdec_core.speculation.cost_table import CostTable
 from specdec_core.speculation.draft_tree import DraftTree, Lookup
-from specdec_core.speculation.policy import PROBE_INTERVAL, SpeculationPolicy
+from specdec_core.speculation.policy import DRAFT_ROW_PREMIUM, PROBE_INTERVAL, SpeculationPolicy
 from specdec_core.speculation.scheduled_request import ScheduledRequest
 from specdec_core.speculation.step_costs import StepCostModel
 from tests.helpers.models import load
@@ -62,6 +62,17 @@ def request(alpha: float, *, seed: int | None = None, temperature: float = 0.0, 
     return req
 
 
+def priced(costs: StepCostModel, rows: int, requests: int, context: int | None = None) -> float:
+    """The target's forward as the policy prices it: one row a request at the table's price, the
+    other (draft) rows at ``1 + DRAFT_ROW_PREMIUM`` times theirs; ``context``: each request's
+    cached tokens (None: the table's own)."""
+    def table(n: int) -> float:
+        if context is None:
+            return costs.target(n)
+        return costs.target(n, context_tokens=n * context, request_context=requests * context)
+    return table(requests) + (1 + DRAFT_ROW_PREMIUM) * (table(rows) - table(requests))
+
+
 def plan(requests: list[Request], costs: StepCostModel = CPU_COSTS, method: str = "draft") -> list[int]:
     items = [ScheduledRequest(r, 1) for r in requests]
     policy = SpeculationPolicy(method, costs, adaptive=True, max_model_len=4096, lookups={"ngram": RepeatLookup(5)})  # type: ignore[dict-item]
@@ -89,7 +100,7 @@ def test_the_choice_maximises_the_modelled_rate():
 
     def rate(k0: int, k1: int) -> float:
         tokens = expected_tokens(0.85, k0) + expected_tokens(0.4, k1)
-        seconds = CPU_COSTS.target(2 + k0 + k1) + sum(
+        seconds = priced(CPU_COSTS, 2 + k0 + k1, 2) + sum(
             CPU_COSTS.draft((k0 >= j) + (k1 >= j)) for j in range(1, max(k0, k1) + 1))
         return tokens / seconds
 
@@ -144,7 +155,7 @@ def test_long_contexts_make_rows_dearer_and_the_choice_follows():
     [k_short], [k_long] = plan([short], costs, "ngram"), plan([long], costs, "ngram")
 
     def rate(k: int) -> float:
-        return expected_tokens(0.6, k) / costs.target(1 + k, context_tokens=(1 + k) * 3000)
+        return expected_tokens(long.alpha("ngram"), k) / priced(costs, 1 + k, 1, 3000)
 
     assert k_long < k_short == 4
     assert rate(k_long) == pytest.approx(max(rate(k) for k in range(5)), rel=1e-9)
@@ -167,15 +178,14 @@ def test_a_requests_drafts_share_its_key_reads_so_long_contexts_still_pay_for_th
     alpha = long.alpha("ngram")  # the request's confident estimate, as the policy reads it
 
     def rate(k: int) -> float:
-        return expected_tokens(alpha, k) / shared.target(1 + k, context_tokens=(1 + k) * 3000, request_context=3000)
+        return expected_tokens(alpha, k) / priced(shared, 1 + k, 1, 3000)
 
     assert rate(k_shared) == pytest.approx(max(rate(k) for k in range(5)), rel=1e-9)
     four = [request(0.6, source="ngram", context=3000) for _ in range(4)]
     ks = plan(four, shared, "ngram")
 
     def batch_rate(k: int) -> float:
-        return 4 * expected_tokens(alpha, k) / shared.target(4 * (1 + k), context_tokens=4 * (1 + k) * 3000,
-                                                             request_context=4 * 3000)
+        return 4 * expected_tokens(alpha, k) / priced(shared, 4 * (1 + k), 4, 3000)
 
     assert len(set(ks)) == 1 and ks[0] > 0
     assert batch_rate(ks[0]) == pytest.approx(max(batch_rate(k) for k in range(5)), rel=1e-9)
@@ -243,16 +253,17 @@ def test_a_lookup_passed_over_keeps_learning_and_is_chosen_again():
 
 
 def test_a_lookup_estimate_from_few_passes_is_not_trusted_where_rows_are_dear():
-    """At 4 streams a verified row costs ~9% of the step (this table is the 2-core CPU's), so a
-    draft pays above ~0.36 acceptance. The same mean of 0.45 drafts when many passes back it and
-    does not from a few: a mean from a handful of passes clears the break-even most often where it
-    is too high (chat at 4 streams drafted lookups that kept 0.26, 2026-11-27)."""
+    """At 4 streams a verified row costs ~9% of the step (this table is the 2-core CPU's), ~11%
+    with the draft rows' premium, so a draft pays above ~0.45 acceptance. The same mean of 0.6
+    drafts when many passes back it and does not from a few: a mean from a handful of passes
+    clears the break-even most often where it is too high (chat at 4 streams drafted lookups that
+    kept 0.26, 2026-11-27)."""
     costs = StepCostModel(CostTable([1, 4, 5, 6, 8], [70.0, 89.0, 97.0, 105.0, 160.0]), None)
 
     def drafts(trials: float) -> list[int]:
         reqs = [request(0.0, source="ngram") for _ in range(4)]
         est = reqs[0].acceptance["ngram"]
-        est.successes, est.trials = 0.45 * trials, trials
+        est.successes, est.trials = 0.6 * trials, trials
         return plan(reqs, costs, "ngram")
 
     assert drafts(100.0)[0] > 0
