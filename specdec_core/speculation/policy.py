@@ -41,7 +41,7 @@ class LookupProposer(Protocol):
         ...
 
 PROBE_INTERVAL = 32  # a draft model that never pays drafts one token every this many steps
-# What the rows drafts add to a step are priced this much above the table: a step's draft rows
+# The rows that drafts add to a step are priced this much above the table: a step's draft rows
 # are a bet on the table's slope, and under sustained load the slope is dearer than the
 # calibration timed it (the fastest of its rounds). On the 2-core AMD EPYC Zen 4, 8 streams of
 # code_edit drafted in 32-row steps the table priced at 251 ms and that took 315, and the drafting
