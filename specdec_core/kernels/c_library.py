@@ -167,9 +167,10 @@ def library() -> ctypes.CDLL:
                 raise RuntimeError(_error)
             try:
                 lib = None
-                installed = None if os.environ.get(LIBRARY_ENV) else _installed_extension()
-                if os.environ.get(LIBRARY_ENV):
-                    lib = ctypes.CDLL(os.environ[LIBRARY_ENV])
+                override = os.environ.get(LIBRARY_ENV)
+                installed = None if override else _installed_extension()
+                if override:
+                    lib = ctypes.CDLL(override)
                 elif installed is not None:
                     lib = ctypes.CDLL(str(installed))
                     if CSRC.is_dir() and _built_from(lib) != sources_hash():
