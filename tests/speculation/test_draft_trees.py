@@ -27,6 +27,7 @@ from specdec_core.speculation.suffix_trie import SuffixTrie
 from specdec_core.speculation.tree_verifier import verify_tree, verify_tree_greedy
 from specdec_core.speculation.verifier import verify, verify_greedy
 from tests.helpers.models import load
+from tests.helpers.random_tries import random_trie
 from tests.helpers.runners import region, slot_runner
 
 MAX_LEN = 128
@@ -116,10 +117,7 @@ def candidates(trie: SuffixTrie, context: list[int], max_match: int, min_prob: f
 def test_trees_take_the_likeliest_nodes_in_preorder_with_the_greedy_chain_first():
     rng = random.Random(5)
     for case in range(300):
-        trie = SuffixTrie(8)
-        for _ in range(rng.randint(1, 6)):
-            trie.add([rng.randrange(4) for _ in range(rng.randint(2, 30))])
-        context = [rng.randrange(4) for _ in range(rng.randint(1, 6))]
+        trie, context = random_trie(rng)
         k = rng.randint(1, 10)
         proposal = trie.propose_tree(context, k, 3, 0.1, 1.5)
         tree, m, score = DraftTree(proposal.tokens, proposal.parents), proposal.match_len, proposal.score

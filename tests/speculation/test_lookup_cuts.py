@@ -14,7 +14,8 @@ from specdec_core.engine.request import Request
 from specdec_core.speculation.ngram import NgramProposer
 from specdec_core.speculation.ngram_index import NgramIndex
 from specdec_core.speculation.suffix import MIN_TOKEN_PROB, SuffixProposer
-from specdec_core.speculation.suffix_trie import SuffixIndex, SuffixTrie
+from specdec_core.speculation.suffix_trie import SuffixIndex
+from tests.helpers.random_tries import random_trie
 
 
 def test_a_proposal_cut_to_k_is_the_proposal_at_k():
@@ -23,10 +24,7 @@ def test_a_proposal_cut_to_k_is_the_proposal_at_k():
     rng = random.Random(11)
     cuts = 0
     for _ in range(300):
-        trie = SuffixTrie(8)
-        for _ in range(rng.randint(1, 6)):
-            trie.add([rng.randrange(4) for _ in range(rng.randint(2, 30))])
-        context = [rng.randrange(4) for _ in range(rng.randint(1, 6))]
+        trie, context = random_trie(rng)
         cap = rng.randint(1, 10)
         for propose in (trie.propose, trie.propose_tree):
             whole = propose(context, cap, 4, MIN_TOKEN_PROB, 2.0)
