@@ -111,7 +111,11 @@ class SpeculationPolicy:
 
     def plan(self, items: ScheduledItems) -> None:
         filling = self.adaptive and any(it.request.in_prefill for it in items)
-        choices = [c for c in (self._choice(it, filling) for it in items) if c is not None]
+        capped = [(it, cap) for it in items if (cap := self._cap(it)) > 0]
+        plain = self._nothing_can_pay(capped, filling)
+        if plain:  # no lookups: only a request at its draft probe's pass is still asked (exactly as before)
+            capped = [(it, cap) for it, cap in capped if _probe_pass(it.request)]
+        choices = [c for c in (self._choice(it, cap, filling) for it, cap in capped) if c is not None]
         if not choices:
             return
         free = []
@@ -122,7 +126,7 @@ class SpeculationPolicy:
                 c.k, c.fixed = self.solo_k(c), True
             else:
                 free.append(c)
-        if free:
+        if free and not plain:
             self._optimise(choices, free)
         for c in choices:
             if c.k == 0 and self.adaptive and not c.fixed and self._probe_due(c):
@@ -134,16 +138,22 @@ class SpeculationPolicy:
 
     # ------------------------------------------------------------------ one request
 
-    def _choice(self, item: ScheduledRequest[SpeculatingRequest], filling: bool) -> _Choice | None:
-        """The source and cap of ``item``'s drafts, or None. ``filling``: a prompt is prefilled
-        this step (adaptive only), so the batch is still growing."""
+    def _cap(self, item: ScheduledRequest[SpeculatingRequest]) -> int:
+        """The most drafts ``item`` may verify this step (0: none, it feeds a prompt chunk)."""
         req = item.request
         if not item.completes or self.method == "none":
-            return None
-        cap = min(req.max_spec_tokens, req.params.max_tokens - len(req.output_ids),
-                  self.max_model_len - req.num_tokens)
-        if cap <= 0:
-            return None
+            return 0
+        return min(req.max_spec_tokens, req.params.max_tokens - len(req.output_ids), self.max_model_len - req.num_tokens)
+
+    def _draft_offered(self, item: ScheduledRequest[SpeculatingRequest], filling: bool) -> bool:
+        """Whether the draft model is one of ``item``'s options this step (see ``_choice``)."""
+        return (self.method in ("draft", "auto") and self.has_draft
+                and not (filling and item.request.draft_computed == 0))
+
+    def _choice(self, item: ScheduledRequest[SpeculatingRequest], cap: int, filling: bool) -> _Choice | None:
+        """The source of ``item``'s drafts and their ``cap`` (> 0), or None. ``filling``: a
+        prompt is prefilled this step (adaptive only), so the batch is still growing."""
+        req = item.request
         options: list[_Choice] = []
         for source, proposer in self.lookups.items():
             if self.method not in (source, "auto"):
@@ -161,8 +171,7 @@ class SpeculationPolicy:
         # tokens of the 0.5B here) just before a batch of four in which the draft never pays,
         # once in every burst. Once no prompt is filling, the policy prices the batch as it is;
         # a request that really runs alone gives up one or two steps' drafts.
-        if (self.method in ("draft", "auto") and self.has_draft
-                and not (filling and req.draft_computed == 0)):
+        if self._draft_offered(item, filling):
             options.append(_Choice(item, "draft", _geometric(req.alpha("draft"), cap)))
         if len(options) <= 1:
             return options[0] if options else None
@@ -204,7 +213,7 @@ class SpeculationPolicy:
         (``clients/tools/cuda_check.py``), which no single probed token repays. The lag is the
         request's own history, so a seeded request's k stays independent of the batch."""
         return (c.source == "draft" and c.lag == 0
-                and c.item.request.stats.verify_steps % PROBE_INTERVAL == PROBE_INTERVAL - 1
+                and _probe_pass(c.item.request)
                 and self._solo_best(c.source, c.expected, c.context) == 0)
 
     # ------------------------------------------------------------------ the batch
@@ -244,19 +253,37 @@ class SpeculationPolicy:
         """Whether any drafts for the free choices (all at k = 0 here) could beat ``rate``, by an
         upper bound: ``extra`` more rows commit at most ``extra * gain_max`` more tokens (no
         draft adds more than the likeliest first one, ``expected[1] - 1``) and cost
-        at least the target's forward at those rows, each new row at the smallest free context
-        (the table never falls with rows or context), and no draft forward. Where it says no, the
+        at least the target's forward at those rows as ``_rate`` prices it (the premium
+        included), each new row at the smallest free context (the table never falls with rows
+        or context), and no draft forward. Where it says no, the
         search (~2 ms a step at 16 streams on the CPU, in Python) is skipped: its answer would
         have been all zeros."""
         gain_max = max(c.expected[1] - 1 for c in free)
         least_context = min(c.context for c in free)
         tokens, rows, context, requests = _verify_totals(choices)
         for extra in range(1, sum(c.cap for c in free) + 1):
-            seconds = self.costs.target(rows + extra, context_tokens=context + extra * least_context,
-                                        request_context=requests)
+            seconds = self._target(rows + extra, context + extra * least_context, requests, len(choices))
             if seconds <= 0 or (tokens + extra * gain_max) / seconds > rate * (1 + 1e-9):
                 return True
         return False
+
+    def _nothing_can_pay(self, capped: list[tuple[ScheduledRequest[SpeculatingRequest], int]], filling: bool) -> bool:
+        """Whether no draft of any source can pay this step, decided before any lookup: where
+        ``_could_pay`` says no for drafts that are all kept (a draft adds at most one token) and
+        cost no draft forward, it says no for whatever the lookups and the draft model offer, and
+        the search would choose k = 0 throughout. At 8 streams of the 1.5B on the 2-core CPU a
+        draft row, at its premium, costs more than a request's share of the plain step, so no
+        draft pays; the lookups (~1-1.5 ms a step there, ~2% of it) were made only to be passed
+        over. A skipped step makes no lookup, so none is scored: the requests' and the
+        calibration's estimates keep what they had. Only where the bound covers exactly the
+        batch the search would price: every capped request has a choice whatever its lookups
+        find (the draft model is offered to it), and none is seeded (their k is their own)."""
+        if not self.adaptive or not capped:
+            return False
+        if any(it.request.seeded or not self._draft_offered(it, filling) for it, _ in capped):
+            return False
+        certain = [_Choice(it, "ngram", [1.0 + j for j in range(cap + 1)]) for it, cap in capped]
+        return not self._could_pay(certain, certain, self._rate(certain))
 
     def _target(self, rows: int, context: float, requests_context: float, requests: int, frozen: bool = False) -> float:
         """The target's forward of ``rows`` rows from ``requests`` requests, the rows' cached
@@ -286,6 +313,11 @@ def _verify_totals(choices: list[_Choice]) -> tuple[float, int, int, int]:
     its requests' cached tokens (once a request: its rows read its keys together)."""
     return (sum(c.expected[c.k] for c in choices), sum(1 + c.k for c in choices),
             sum((1 + c.k) * c.context for c in choices), sum(c.context for c in choices))
+
+
+def _probe_pass(req: SpeculatingRequest) -> bool:
+    """Whether this verify pass is one at which ``_probe_due`` may draft a probe."""
+    return req.stats.verify_steps % PROBE_INTERVAL == PROBE_INTERVAL - 1
 
 
 def _geometric(alpha: float, cap: int) -> list[float]:

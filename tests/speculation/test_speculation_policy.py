@@ -73,11 +73,24 @@ def priced(costs: StepCostModel, rows: int, requests: int, context: int | None =
     return table(requests) + (1 + DRAFT_ROW_PREMIUM) * (table(rows) - table(requests))
 
 
-def plan(requests: list[Request], costs: StepCostModel = CPU_COSTS, method: str = "draft") -> list[int]:
+def plan(requests: list[Request], costs: StepCostModel = CPU_COSTS, method: str = "draft",
+         lookup: RepeatLookup | None = None) -> list[int]:
     items = [ScheduledRequest(r, 1) for r in requests]
-    policy = SpeculationPolicy(method, costs, adaptive=True, max_model_len=4096, lookups={"ngram": RepeatLookup(5)})  # type: ignore[dict-item]
+    policy = SpeculationPolicy(method, costs, adaptive=True, max_model_len=4096, lookups={"ngram": lookup or RepeatLookup(5)})  # type: ignore[dict-item]
     policy.plan(items)
     return [it.num_drafts for it in items]
+
+
+class CountedLookup(ShortLookup):
+    """A lookup that counts the requests it was asked for."""
+
+    def __init__(self, token: int, found: int = 1 << 20) -> None:
+        super().__init__(token, found)
+        self.asked = 0
+
+    def propose(self, req: Request, cap: int) -> Lookup:
+        self.asked += 1
+        return super().propose(req, cap)
 
 
 def test_one_request_with_good_drafts_speculates_and_poor_drafts_do_not():
@@ -126,23 +139,54 @@ def test_skipping_the_search_where_no_draft_can_pay_changes_no_choice(monkeypatc
         calls["skips"] += not could
         return could
 
+    unasked = 0  # batches planned without a lookup for some request
     for case in range(300):
         top = rng.choice([0.1, 0.3, 0.6, 1.0])  # the batch's best acceptance
-        specs = [(top * rng.random(), rng.choice(["draft", "ngram"]), rng.choice([2, 40, 128, 900, 3000]))
+        contexts = [2, 40, 128, 900, 3000]
+        if rng.random() < 0.5:  # a batch of one length (where at 16 streams not even kept drafts pay)
+            contexts = [rng.choice(contexts)]
+        specs = [(top * rng.random(), rng.choice(["draft", "ngram"]), rng.choice(contexts))
                  for _ in range(rng.choice([1, 2, 4, 8, 16]))]
         cost = costs[case % 2]
-        reqs = [request(a, source=s, context=c) for a, s, c in specs]
+        reqs = [request(a, source=s, context=c, seed=1 if rng.random() < 0.02 else None,
+                        temperature=0.0 if rng.random() < 0.98 else 0.7) for a, s, c in specs]
         for r in reqs:  # the other proposer's estimate, from as much evidence
             other = r.acceptance["ngram" if r.acceptance["draft"].trials == 100.0 else "draft"]
             other.successes, other.trials = top * rng.random() * 100, 100.0
+            if rng.random() < 0.1:  # at its draft probe's pass, its draft cache current
+                r.stats.verify_steps, r.draft_computed = PROBE_INTERVAL - 1, r.num_computed
+        method = rng.choice(["auto", "auto", "ngram"])
         monkeypatch.setattr(SpeculationPolicy, "_could_pay", counted)
-        before = calls["skips"]
-        pruned = plan(reqs, cost, "auto")
+        before, lookup = calls["skips"], CountedLookup(5)
+        pruned = plan(reqs, cost, method, lookup)
         monkeypatch.setattr(SpeculationPolicy, "_could_pay", lambda self, *args: True)
-        assert pruned == plan(reqs, cost, "auto"), (case, specs)
+        assert pruned == plan(reqs, cost, method), (case, specs)
         skipped += calls["skips"] > before
         drafted += any(pruned)
-    assert skipped > 20 and drafted > 20, (skipped, drafted)
+        unasked += lookup.asked < len(reqs)
+    assert skipped > 20 and drafted > 20 and unasked > 10, (skipped, drafted, unasked)
+
+
+def test_where_no_draft_can_pay_no_lookup_is_made():
+    """16 streams on the CPU: a draft row at its premium costs more than a request's share of
+    the plain step, so not even a draft that is surely kept pays. The policy decides so before
+    any lookup, and looks up only for the requests whose k does not depend on the batch (a
+    seeded one, which must get its own k) or that may draft a probe."""
+    lookup = CountedLookup(5)
+    assert plan([request(0.9, source="ngram") for _ in range(16)], CPU_COSTS, "auto", lookup) == [0] * 16
+    assert lookup.asked == 0
+    probed = request(0.02)  # the draft model does not pay for it even alone, and no lookup finds anything
+    probed.stats.verify_steps, probed.draft_computed = PROBE_INTERVAL - 1, probed.num_computed
+    lookup = CountedLookup(5, found=0)
+    assert plan([probed] + [request(0.9) for _ in range(15)], CPU_COSTS, "auto", lookup) == [1] + [0] * 15
+    assert lookup.asked == 1
+    seeded = request(0.9, source="ngram", seed=3, temperature=0.7)
+    lookup = CountedLookup(5)
+    plan([seeded] + [request(0.9, source="ngram") for _ in range(15)], CPU_COSTS, "auto", lookup)
+    assert lookup.asked == 16
+    # Alone, the same request drafts: the lookup is made.
+    lookup = CountedLookup(5)
+    assert plan([request(0.9, source="ngram")], CPU_COSTS, "auto", lookup) == [4] and lookup.asked == 1
 
 
 def test_long_contexts_make_rows_dearer_and_the_choice_follows():
