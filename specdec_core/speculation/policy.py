@@ -176,7 +176,8 @@ class SpeculationPolicy:
         if len(options) <= 1:
             return options[0] if options else None
         # auto with a match: the proposer that pays more for this request alone
-        return max(options, key=lambda c: self._solo_value(c.source, c.expected, c.context))
+        target = self._solo_target(cap, options[0].context)  # one price list for every option
+        return max(options, key=lambda c: max(self._solo_rates(c.source, c.expected, c.context, target)))
 
     def _lookup_expected(self, req: SpeculatingRequest, source: Source, tree: DraftTree) -> list[float]:
         """``E(k)`` of a lookup: from its evidence, priced by the calibration; for a seeded
@@ -193,15 +194,19 @@ class SpeculationPolicy:
             return 1
         return k
 
-    def _solo_value(self, source: Source, expected: list[float], context: int) -> float:
-        return self._solo_rate(source, expected, self._solo_best(source, expected, context), context)
-
     def _solo_best(self, source: Source, expected: list[float], context: int) -> int:
-        return max(range(len(expected)), key=lambda k: self._solo_rate(source, expected, k, context))
+        rates = self._solo_rates(source, expected, context, self._solo_target(len(expected) - 1, context))
+        return max(range(len(rates)), key=rates.__getitem__)
 
-    def _solo_rate(self, source: Source, expected: list[float], k: int, context: int) -> float:
-        draft = k * self.costs.draft(1, frozen=True, context_tokens=context) if source == "draft" else 0.0
-        return expected[k] / (self._target(1 + k, (1 + k) * context, context, 1, frozen=True) + draft)
+    def _solo_target(self, cap: int, context: int) -> list[float]:
+        """The target's forward of one request alone verifying k = 0..``cap`` drafts, from the
+        start-up costs (what every source of the request pays alike, so priced once for all)."""
+        return [self._target(1 + k, (1 + k) * context, context, 1, frozen=True) for k in range(cap + 1)]
+
+    def _solo_rates(self, source: Source, expected: list[float], context: int, target: list[float]) -> list[float]:
+        """Tokens per second of the request alone at each k, ``target`` its forwards' prices."""
+        draft = self.costs.draft(1, frozen=True, context_tokens=context) if source == "draft" else 0.0
+        return [expected[k] / (target[k] + k * draft) for k in range(len(expected))]
 
     def _probe_due(self, c: _Choice) -> bool:
         """A draft model that does not pay for a request keeps learning: one draft every
