@@ -113,7 +113,7 @@ class SpeculationPolicy:
         filling = self.adaptive and any(it.request.in_prefill for it in items)
         capped = [(it, cap) for it in items if (cap := self._cap(it)) > 0]
         plain = self._nothing_can_pay(capped, filling)
-        if plain:  # no lookups: only a request at its draft probe's pass is still asked (exactly as before)
+        if plain:  # the search would choose k = 0 for all: ask only whoever a probe may draft for
             capped = [(it, cap) for it, cap in capped if _probe_pass(it.request)]
         choices = [c for c in (self._choice(it, cap, filling) for it, cap in capped) if c is not None]
         if not choices:
