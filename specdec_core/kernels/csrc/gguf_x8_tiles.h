@@ -105,9 +105,16 @@ INLINE void q4k_tile(const uint8_t *w, const int64_t gb, int nb, const uint8_t *
  * FMA folds the integer sums into the row's float accumulator with d * d32. */
 #define ACT_K(r) ((const act_k *)(act + (size_t)(r) * stride) + b)
 
+/* A Q6_K sub-block's fourth step of 4 values a column: the top 2 bits of the bytes of its first three
+ * steps (whose low 6 bits are those steps' values), in both integer widths' order. */
+INLINE vi q6k_fourth_step(const vi b0, const vi b1, const vi b2) {
+    return v_or(v_or(v_and(v_srli16(b0, 6), v_set1_8(0x03)), v_and(v_srli16(b1, 4), v_set1_8(0x0C))),
+                v_and(v_srli16(b2, 2), v_set1_8(0x30)));
+}
+
 INLINE void q6k_tile(const uint8_t *w, const int64_t gb, int nb, const uint8_t *act, size_t stride, const int R,
                      float *out, size_t ldo, int ncols) {
-    const vi m3f = v_set1_8(0x3F), m03 = v_set1_8(0x03), m0c = v_set1_8(0x0C), m30 = v_set1_8(0x30);
+    const vi m3f = v_set1_8(0x3F);
     vf acc[X8_ROWS];
     UNROLL
     for (int r = 0; r < R; r++) acc[r] = v_zero_f();
@@ -134,8 +141,7 @@ INLINE void q6k_tile(const uint8_t *w, const int64_t gb, int nb, const uint8_t *
 #if X8_DOT32 /* int32 sums: the sub-block's 16 products in one chain, its scale applied once */
                 const vi b2 = w_load(x->q[s].b[2], gb);
                 const vi q2 = v_and(b2, m3f);
-                const vi q3 = v_or(v_or(v_and(v_srli16(b0, 6), m03), v_and(v_srli16(b1, 4), m0c)),
-                                   v_and(v_srli16(b2, 2), m30));
+                const vi q3 = q6k_fourth_step(b0, b1, b2);
                 UNROLL
                 for (int r = 0; r < R; r++) {
                     const int8_t *aq = ACT_K(r)->qs + 16 * s;
@@ -152,8 +158,7 @@ INLINE void q6k_tile(const uint8_t *w, const int64_t gb, int nb, const uint8_t *
                 }
                 const vi b2 = w_load(x->q[s].b[2], gb);
                 const vi q2 = v_and(b2, m3f);
-                const vi q3 = v_or(v_or(v_and(v_srli16(b0, 6), m03), v_and(v_srli16(b1, 4), m0c)),
-                                   v_and(v_srli16(b2, 2), m30));
+                const vi q3 = q6k_fourth_step(b0, b1, b2);
                 UNROLL
                 for (int r = 0; r < R; r++) {
                     const int8_t *aq = ACT_K(r)->qs + 16 * s + 8;
