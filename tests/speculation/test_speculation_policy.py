@@ -122,9 +122,11 @@ def test_the_choice_maximises_the_modelled_rate():
 
 
 def test_skipping_the_search_where_no_draft_can_pay_changes_no_choice(monkeypatch):
-    """The policy skips its search where an upper bound says no draft can pay. Over random
-    batches (sources, acceptances, contexts below and above calibration's, a CPU's and a GPU's
-    costs) it must choose exactly what the full search chooses, and it must really skip."""
+    """The policy skips its search, and before it the lookups, where an upper bound says no
+    draft can pay. Over random batches (sources, acceptances, contexts below and above
+    calibration's, a CPU's and a GPU's costs, seeded requests, probe passes, auto and a
+    lookup-only method) it must choose exactly what the full search chooses, and it must really
+    skip both."""
     rng = random.Random(23)
     costs = [StepCostModel(CostTable([1, 2, 5, 16, 80], [54.0, 55.0, 57.7, 101.6, 445.0],
                                      per_context=11.0 / 1024, context=128),
