@@ -279,10 +279,11 @@ class SpeculationPolicy:
         the search would choose k = 0 throughout. At 8 streams of the 1.5B on the 2-core CPU a
         draft row at its premium costs about a request's share of the plain step, so in about
         half the steps not even a kept draft pays, and ``plan`` took 1.1-1.9 ms a step there,
-        lookups made only to be passed over. A skipped step makes no lookup, so none is scored: the requests' and the
-        calibration's estimates keep what they had. Only where the bound covers exactly the
-        batch the search would price: every capped request has a choice whatever its lookups
-        find (the draft model is offered to it), and none is seeded (their k is their own)."""
+        lookups made only to be passed over. A skipped step makes no lookup, so none is scored:
+        the requests' and the calibration's estimates keep what they had. Only where the bound
+        covers exactly the batch the search would price: every capped request has a choice
+        whatever its lookups find (the draft model is offered to it), and none is seeded (their k
+        is their own)."""
         if not self.adaptive or not capped:
             return False
         if any(it.request.seeded or not self._draft_offered(it, filling) for it, _ in capped):
